@@ -1,0 +1,145 @@
+"""The target matrix, read from envs/targets.toml (the only place that states it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TARGETS_TOML = REPO / "envs" / "targets.toml"
+
+
+class MatrixError(ValueError):
+    """targets.toml is inconsistent or a name is not in it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaVersion:
+    version: str  # "12.4"
+    full_version: str  # "12.4.131"
+    max_gcc: int
+    msvc_max: str
+    archs: tuple[str, ...]
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+    @property
+    def minor(self) -> int:
+        return int(self.version.split(".")[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    gpu: str
+    arch_list: tuple[str, ...]
+    cuda: CudaVersion | None
+    torch: str
+    torch_cuda: str
+    vllm: str
+    pins: tuple[str, ...]
+    platform: str
+    python: str
+    wsl: bool
+    notes: str
+
+    @property
+    def torch_arch_list(self) -> str:
+        """TORCH_CUDA_ARCH_LIST as torch.utils.cpp_extension reads it."""
+        return ";".join(self.arch_list)
+
+    @property
+    def sm_list(self) -> tuple[str, ...]:
+        """The SASS names cuobjdump reports for arch_list: 9.0a -> sm_90a."""
+        return tuple(arch_to_sm(a) for a in self.arch_list)
+
+    @property
+    def local_version(self) -> str:
+        """Wheel local version: +cu124torch2.5 (cpu: +cputorch2.13)."""
+        torch_mm = ".".join(self.torch.split("+")[0].split(".")[:2])
+        if self.cuda is None:
+            return f"cputorch{torch_mm}"
+        return f"cu{self.cuda.version.replace('.', '')}torch{torch_mm}"
+
+    @property
+    def torch_requirement(self) -> str:
+        return f"torch=={self.torch}"
+
+    @property
+    def requirements(self) -> list[str]:
+        """Top-level pins of the target's pip layer (the input of `nox -s lock`)."""
+        reqs = [self.torch_requirement]
+        if self.vllm:
+            reqs.append(self.vllm)
+        reqs += list(self.pins)
+        return reqs
+
+
+def arch_to_sm(arch: str) -> str:
+    """'9.0a' -> 'sm_90a', '8.0' -> 'sm_80'."""
+    base, _, rest = arch.partition(".")
+    if not base.isdigit() or not rest or not rest[0].isdigit():
+        raise MatrixError(f"arch {arch!r} is not of the form MAJOR.MINOR[a] (e.g. 8.0, 9.0a)")
+    return f"sm_{base}{rest}"
+
+
+def _read(path: Path | None) -> tuple[Path, dict]:
+    path = Path(path or os.environ.get("TERNARY_TARGETS_TOML") or TARGETS_TOML)
+    with open(path, "rb") as f:
+        return path, tomllib.load(f)
+
+
+def cuda_versions(path: Path | None = None) -> dict[str, CudaVersion]:
+    """The [cuda."X.Y"] tables: what each CUDA version accepts and targets."""
+    _, data = _read(path)
+    return {
+        v: CudaVersion(v, c["full_version"], int(c["max_gcc"]), c["msvc_max"], tuple(c["archs"]))
+        for v, c in data.get("cuda", {}).items()
+    }
+
+
+def load(path: Path | None = None) -> dict[str, Target]:
+    path, data = _read(path)
+    cudas = cuda_versions(path)
+    defaults = data.get("defaults", {})
+    out: dict[str, Target] = {}
+    for name, t in data["targets"].items():
+        t = {**defaults, **t}
+        cuda = None
+        if t["cuda"]:
+            if t["cuda"] not in cudas:
+                raise MatrixError(
+                    f"{path}: target {name!r} uses CUDA {t['cuda']!r}, which has no "
+                    f"[cuda.\"{t['cuda']}\"] table (known: {sorted(cudas)})"
+                )
+            cuda = cudas[t["cuda"]]
+        if bool(t["arch_list"]) != bool(cuda):
+            raise MatrixError(f"{path}: target {name!r} needs both arch_list and cuda, or neither")
+        for a in t["arch_list"]:
+            arch_to_sm(a)
+        out[name] = Target(
+            name=name,
+            gpu=t["gpu"],
+            arch_list=tuple(t["arch_list"]),
+            cuda=cuda,
+            torch=t["torch"],
+            torch_cuda=t["torch_cuda"],
+            vllm=t["vllm"],
+            pins=tuple(t["pins"]),
+            platform=t["platform"],
+            python=t["python"],
+            wsl=bool(t["wsl"]),
+            notes=t.get("notes", ""),
+        )
+    return out
+
+
+def get(name: str) -> Target:
+    targets = load()
+    if name not in targets:
+        raise MatrixError(f"unknown target {name!r}; envs/targets.toml has {sorted(targets)}")
+    return targets[name]

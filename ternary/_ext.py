@@ -1,0 +1,61 @@
+"""Loads the compiled extension ternary._C, if any, without ever breaking import.
+
+A missing extension is normal (CPU installs, TERNARY_NO_EXTENSION=1): the reference ops
+serve. A present but unloadable one (built for another torch or CUDA) is remembered with
+its error, which is raised with a diagnosis when a native op is first needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+_state: dict[str, object] = {}
+
+
+def load() -> object | None:
+    """Import ternary._C once; return the module or None."""
+    if "module" in _state:
+        return _state["module"]
+    module = None
+    if importlib.util.find_spec("ternary._C") is not None:
+        try:
+            module = importlib.import_module("ternary._C")
+        except ImportError as e:  # wrong torch ABI, missing libcudart, ...
+            _state["error"] = e
+    _state["module"] = module
+    return module
+
+
+def load_error() -> Exception | None:
+    load()
+    return _state.get("error")  # type: ignore[return-value]
+
+
+def require() -> object:
+    """The extension, or an error that says why it is not usable and what to do."""
+    module = load()
+    if module is not None:
+        return module
+    err = load_error()
+    if err is not None:
+        import torch
+
+        raise RuntimeError(
+            f"ternary._C is installed but failed to load with torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}): {err}. Rebuild it for this torch: "
+            "`nox -s build-<target>` or `pip install --no-build-isolation .`"
+        ) from err
+    raise RuntimeError(
+        "ternary._C is not installed (built with TERNARY_NO_EXTENSION=1 or without a CUDA "
+        "toolchain), so no CUDA kernel exists; use TERNARY_KERNEL=reference or build the "
+        "extension with `nox -s build-<target>`"
+    )
+
+
+def build_info() -> dict[str, object] | None:
+    """Facts compiled into ternary._C (CUDA version, archs, git revision), or None."""
+    module = load()
+    if module is None:
+        return None
+    return dict(module.build_info())  # type: ignore[attr-defined]

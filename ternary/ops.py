@@ -1,0 +1,195 @@
+"""The `ternary` torch library: schemas, fake kernels and the pure PyTorch reference.
+
+Every op is declared here once. The reference implementation is registered for
+CompositeExplicitAutograd, so it serves every device; ternary._C registers CUDA kernels for
+the same ops through TORCH_LIBRARY_IMPL(ternary, CUDA, ...). The fake (meta) kernels let
+torch.compile and CUDA-graph capture trace the ops without running them.
+
+Canonical layout (DESIGN.md, Formats): packed uint8 [N, K/4], four 2-bit codes per byte
+along K, LSB first, code = w + 1; scale float32 [N] (channel), [1] (tensor) or
+[N, ceil(K/group_size)] (group).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ternary import _ext
+
+LIB = torch.library.Library("ternary", "DEF")  # noqa: TOR901 (we own the namespace)
+
+LIB.define("pack(Tensor codes) -> Tensor")
+LIB.define("unpack(Tensor packed) -> Tensor")
+LIB.define("dequantize(Tensor packed, Tensor scale, int group_size, ScalarType dtype) -> Tensor")
+LIB.define("gemm(Tensor x, Tensor packed, Tensor scale, int group_size, Tensor? bias) -> Tensor")
+
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+_register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks shared by the reference and the fake kernels (the CUDA kernels repeat
+# them as TORCH_CHECKs, because they can be called without Python).
+
+
+def check_packed(packed: torch.Tensor, name: str = "packed") -> tuple[int, int]:
+    """Returns (N, K) of a canonical packed weight."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(
+            f"{name} must be a uint8 [N, K/4] tensor (four 2-bit codes per byte along K); "
+            f"got {packed.dtype} {list(packed.shape)}"
+        )
+    return packed.shape[0], packed.shape[1] * 4
+
+
+def check_scale(scale: torch.Tensor, n: int, k: int, group_size: int) -> None:
+    if scale.dtype != torch.float32:
+        raise ValueError(f"scale must be float32, got {scale.dtype} {list(scale.shape)}")
+    if group_size < 0:
+        raise ValueError(f"group_size must be 0 (channel/tensor scale) or positive, got {group_size}")
+    if group_size == 0:
+        if scale.dim() != 1 or scale.shape[0] not in (1, n):
+            raise ValueError(
+                f"with group_size=0 scale must be [N]={[n]} (per channel) or [1] (per tensor); "
+                f"got {list(scale.shape)}"
+            )
+    else:
+        groups = -(-k // group_size)
+        if list(scale.shape) != [n, groups]:
+            raise ValueError(
+                f"with group_size={group_size} and K={k} scale must be [N, ceil(K/group_size)]="
+                f"{[n, groups]}; got {list(scale.shape)}"
+            )
+
+
+def check_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int,
+               bias: torch.Tensor | None) -> tuple[int, int]:
+    n, k = check_packed(packed)
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"x must be one of {ACTIVATION_DTYPES}, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(
+            f"x has shape {list(x.shape)} but the packed weight {list(packed.shape)} holds "
+            f"K={k} inputs per row (K = 4 * packed.shape[1])"
+        )
+    check_scale(scale, n, k, group_size)
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"bias must be [N]={[n]}, got {list(bias.shape)}")
+    for t, name in ((packed, "packed"), (scale, "scale"), (bias, "bias")):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    return n, k
+
+
+# ---------------------------------------------------------------------------------------
+# Reference implementation (every device).
+
+
+def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
+    if codes.dtype != torch.int8 or codes.dim() != 2 or codes.shape[1] % 4:
+        raise ValueError(
+            f"codes must be an int8 [N, K] tensor with K a multiple of 4; "
+            f"got {codes.dtype} {list(codes.shape)}"
+        )
+    if codes.numel() and (codes.min() < -1 or codes.max() > 1):
+        raise ValueError(
+            f"codes must hold -1, 0 or +1 only; found values in [{int(codes.min())}, {int(codes.max())}]"
+        )
+    c = (codes + 1).to(torch.uint8).view(codes.shape[0], -1, 4)
+    return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).contiguous()
+
+
+def _unpack_ref(packed: torch.Tensor) -> torch.Tensor:
+    n, k = check_packed(packed)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts) & 3
+    return (codes.to(torch.int8) - 1).view(n, k)
+
+
+def _dequantize_ref(packed: torch.Tensor, scale: torch.Tensor, group_size: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    n, k = check_packed(packed)
+    check_scale(scale, n, k, group_size)
+    w = _unpack_ref(packed).to(torch.float32)
+    if group_size:
+        s = scale.repeat_interleave(group_size, dim=1)[:, :k]
+    else:
+        s = scale.view(-1, 1)
+    return (w * s).to(dtype)
+
+
+def _gemm_ref(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int,
+              bias: torch.Tensor | None) -> torch.Tensor:
+    check_gemm(x, packed, scale, group_size, bias)
+    w = _dequantize_ref(packed, scale, group_size, torch.float32)
+    y = x.to(torch.float32) @ w.t()
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype)
+
+
+LIB.impl("pack", _pack_ref, "CompositeExplicitAutograd")
+LIB.impl("unpack", _unpack_ref, "CompositeExplicitAutograd")
+LIB.impl("dequantize", _dequantize_ref, "CompositeExplicitAutograd")
+LIB.impl("gemm", _gemm_ref, "CompositeExplicitAutograd")
+
+
+# ---------------------------------------------------------------------------------------
+# Fake kernels: shapes and dtypes only, so torch.compile can trace through the ops.
+
+
+@_register_fake("ternary::pack")
+def _pack_fake(codes):
+    if codes.dim() != 2 or codes.shape[1] % 4:
+        raise ValueError(f"codes must be [N, K] with K a multiple of 4; got {list(codes.shape)}")
+    return codes.new_empty((codes.shape[0], codes.shape[1] // 4), dtype=torch.uint8)
+
+
+@_register_fake("ternary::unpack")
+def _unpack_fake(packed):
+    n, k = check_packed(packed)
+    return packed.new_empty((n, k), dtype=torch.int8)
+
+
+@_register_fake("ternary::dequantize")
+def _dequantize_fake(packed, scale, group_size, dtype):
+    n, k = check_packed(packed)
+    check_scale(scale, n, k, group_size)
+    return packed.new_empty((n, k), dtype=dtype)
+
+
+@_register_fake("ternary::gemm")
+def _gemm_fake(x, packed, scale, group_size, bias):
+    n, _ = check_gemm(x, packed, scale, group_size, bias)
+    return x.new_empty((*x.shape[:-1], n))
+
+
+# Load the compiled CUDA kernels (if built) after the schemas exist.
+_ext.load()
+
+
+# ---------------------------------------------------------------------------------------
+# Typed wrappers.
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes in {-1, 0, 1}, [N, K] -> canonical packed uint8 [N, K/4]."""
+    return torch.ops.ternary.pack(codes)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """Canonical packed uint8 [N, K/4] -> int8 codes in {-1, 0, 1}, [N, K]."""
+    return torch.ops.ternary.unpack(packed)
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, group_size: int = 0,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dense weight [N, K] in `dtype`: w * scale (per channel, tensor or group)."""
+    return torch.ops.ternary.dequantize(packed, scale, group_size, dtype)
+
+
+def gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size: int = 0,
+         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ W^T (+ bias) for the dense weight W that packed and scale define."""
+    return torch.ops.ternary.gemm(x, packed, scale, group_size, bias)
