@@ -1,0 +1,5 @@
+import sys
+
+from ternary.cli import main
+
+sys.exit(main())

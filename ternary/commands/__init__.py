@@ -1,0 +1,1 @@
+"""One module per `ternary` subcommand (see ternary/cli.py)."""
