@@ -46,6 +46,10 @@ class Target:
     python: str
     wsl: bool
     notes: str
+    exclude: tuple[str, ...] = ()
+    find_links: bool = False
+    torch_source: str = "pypi"
+    tooling: tuple[str, ...] = ()
 
     @property
     def torch_arch_list(self) -> str:
@@ -71,12 +75,13 @@ class Target:
 
     @property
     def requirements(self) -> list[str]:
-        """Top-level pins of the target's pip layer (the input of `nox -s lock`)."""
+        """Top-level requirements of the target's pip layer (the input of `nox -s lock`):
+        the torch/vLLM stack, its resolver pins and the shared tooling."""
         reqs = [self.torch_requirement]
         if self.vllm:
             reqs.append(self.vllm)
         reqs += list(self.pins)
-        return reqs
+        return reqs + list(self.tooling)
 
 
 def arch_to_sm(arch: str) -> str:
@@ -134,6 +139,10 @@ def load(path: Path | None = None) -> dict[str, Target]:
             python=t["python"],
             wsl=bool(t["wsl"]),
             notes=t.get("notes", ""),
+            exclude=tuple(t["exclude"]),
+            find_links=bool(t["find_links"]),
+            torch_source=t["torch_source"],
+            tooling=tuple(data.get("env", {}).get("tooling", ())),
         )
     return out
 
