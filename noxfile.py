@@ -1,0 +1,83 @@
+# /// script
+# dependencies = ["nox==2026.10.20", "uv==0.13.9"]
+# ///
+"""Sessions of vllm-ternary. Every target session is generated from envs/targets.toml;
+the work itself lives in ternary._build (standard library only), so it also runs without
+nox: `python -m ternary._build.pipeline build h100 --toolchain deb`.
+
+  nox -s build-h100                       locked env, pinned CUDA 12.4, compile, SASS check, wheel
+  nox -s build-a100 -- --toolchain deb --allow-cuda-minor-mismatch
+  nox -s test-h200 -- --host-torch        against the GPU host's own torch
+  nox -s tests                            the CPU test suite (README's test command)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+REPO = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO))
+from ternary._build import envs, matrix, pipeline  # noqa: E402  (standard library only)
+
+TARGETS = matrix.load()
+
+
+def _run_pipeline(session: nox.Session, action: str, target: str) -> None:
+    code = pipeline.main([action, target, *session.posargs])
+    if code:
+        session.error(f"{action}-{target} failed (exit {code})")
+
+
+def _target_sessions(name: str) -> None:
+    t = TARGETS[name]
+    if t.arch_list:
+        @nox.session(name=f"build-{name}", venv_backend="none", tags=["build"], default=False)
+        def build(session: nox.Session) -> None:
+            _run_pipeline(session, "build", name)
+
+        build.__doc__ = f"Build the {t.gpu} wheel: CUDA {t.cuda.version}, torch {t.torch}, archs {t.torch_arch_list}."
+
+        @nox.session(name=f"test-{name}", venv_backend="none", tags=["test"], default=False)
+        def test(session: nox.Session) -> None:
+            _run_pipeline(session, "test", name)
+
+        test.__doc__ = f"Build for {name}, then pytest in its environment (GPU tests where a GPU is)."
+
+
+for _name in TARGETS:
+    _target_sessions(_name)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """The CPU test suite in the cpu target's locked environment (README's test command)."""
+    cpu = TARGETS["cpu"]
+    py = envs.ensure(cpu)
+    session.run("uv", "pip", "install", "--quiet", "--python", str(py), "--no-deps",
+                "--no-build-isolation", "-e", str(REPO), env={"TERNARY_NO_EXTENSION": "1"},
+                external=True)
+    session.run(str(py), "-m", "pytest", str(REPO / "tests"), *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none", default=False)
+def lock(session: nox.Session) -> None:
+    """Regenerate every generated file of envs/ from targets.toml (pip locks, toolchain locks)."""
+    for t in TARGETS.values():
+        envs.lock(t)
+    from ternary._build.toolchains import wheels
+
+    for version in sorted({t.cuda.version for t in TARGETS.values() if t.cuda}):
+        if version in wheels.LOCKED_VERSIONS:
+            wheels.write_lock(version)
+
+
+if __name__ == "__main__":
+    nox.main()

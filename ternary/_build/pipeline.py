@@ -1,0 +1,187 @@
+"""What `nox -s build-<target>` and `nox -s test-<target>` do: locked environment, pinned
+toolchain, refusals, compile, SASS check, wheel, report. Standard library only (it runs in
+the noxfile's own interpreter); torch is asked about through the target environment's python.
+
+Runnable without nox too: `python -m ternary._build build h100 --toolchain deb`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ternary._build import checks, envs, matrix, sass
+
+DIST = matrix.REPO / "dist"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options after `--` of `nox -s build-<target>` / `test-<target>`."""
+    p = argparse.ArgumentParser(prog="nox -s build-<target> --", add_help=True)
+    p.add_argument("--toolchain", default="auto", choices=["auto", "conda", "system", "pip", "deb"],
+                   help="where the pinned CUDA toolchain comes from (default: auto)")
+    p.add_argument("--allow-cuda-minor-mismatch", action="store_true",
+                   help="build with a CUDA minor version other than torch's (the report says so)")
+    p.add_argument("--host-torch", action="store_true",
+                   help="build and test against the torch already installed on this host "
+                        "(GPU hosts whose torch must not be replaced); implies nothing is installed")
+    p.add_argument("--host-python", default="python3",
+                   help="with --host-torch: the python that holds the host's torch")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("pytest_args", nargs="*", help="test-<target>: extra arguments for pytest")
+    return p.parse_args(argv)
+
+
+def torch_facts(py: Path) -> dict[str, str | None]:
+    code = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
+            "'torch_cuda': torch.version.cuda, 'gpus': [torch.cuda.get_device_name(i) for i in "
+            "range(torch.cuda.device_count())] if torch.cuda.is_available() else []}))")
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise envs.EnvError(f"`{py} -c 'import torch'` failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _check_host_torch(target: matrix.Target, facts: dict) -> list[str]:
+    """--host-torch keeps the host's torch: the CUDA major must still match the target."""
+    notes = [f"host torch {facts['torch']} used instead of the locked torch {target.torch}"]
+    if not facts["torch_cuda"]:
+        raise checks.ToolchainError(f"--host-torch: the host's torch {facts['torch']} is a CPU build")
+    host_major = facts["torch_cuda"].split(".")[0]
+    if target.cuda and host_major != str(target.cuda.major):
+        raise checks.ToolchainError(
+            f"--host-torch: the host's torch {facts['torch']} is built with CUDA {facts['torch_cuda']}, "
+            f"but target {target.name} is CUDA {target.cuda.version}: pick the target whose CUDA "
+            "major matches the host (see `ternary targets`)"
+        )
+    return notes
+
+
+def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
+    from ternary._build import toolchains  # the providers (downloads happen there)
+
+    if target.platform == "windows" and os.name != "nt":
+        raise checks.ToolchainError(
+            f"target {target.name} builds with MSVC on native Windows; run `nox -s build-{target.name}` there")
+    if not target.arch_list:
+        raise checks.ToolchainError(f"target {target.name} has no arch list: it builds no extension")
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    py = envs.ensure(target, host_torch=opts.host_torch, host_python=opts.host_python)
+    timings["environment_s"] = time.monotonic() - t0
+    facts = torch_facts(py)
+    notes = _check_host_torch(target, facts) if opts.host_torch else []
+
+    t1 = time.monotonic()
+    tc = toolchains.resolve(target, opts.toolchain,
+                           allow_cuda_minor_mismatch=opts.allow_cuda_minor_mismatch)
+    timings["toolchain_s"] = time.monotonic() - t1
+    notes += list(tc.notes)
+    pre = checks.preflight(cuda_home=tc.cuda_home, torch_cuda=facts["torch_cuda"],
+                           arch_list=target.arch_list,
+                           allow_cuda_minor_mismatch=opts.allow_cuda_minor_mismatch)
+    if pre["minor_mismatch"] != "no":
+        notes.append(f"CUDA {pre['nvcc_version']} compiles for torch built with CUDA "
+                     f"{facts['torch_cuda']} (--allow-cuda-minor-mismatch)")
+
+    local = target.local_version
+    env = {**os.environ, **tc.env,
+           "TERNARY_ARCH_LIST": target.torch_arch_list,
+           "TERNARY_LOCAL_VERSION": local,
+           "TERNARY_BUILD_DIR": str(matrix.REPO / "build" / target.name),
+           "TERNARY_ALLOW_CUDA_MINOR_MISMATCH": "1" if opts.allow_cuda_minor_mismatch else "0",
+           "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}
+    env.pop("TERNARY_NO_EXTENSION", None)
+    DIST.mkdir(exist_ok=True)
+    for old in DIST.glob(f"vllm_ternary-*+{local}-*.whl"):
+        old.unlink()
+    t2 = time.monotonic()
+    print(f"[{target.name}] compiling ternary._C for {target.torch_arch_list} with {tc.provider} "
+          f"CUDA {tc.nvcc_version} ...", flush=True)
+    subprocess.run([str(py), "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                    "--outdir", str(DIST), str(matrix.REPO)], env=env, check=True)
+    timings["compile_s"] = time.monotonic() - t2
+    wheels = sorted(DIST.glob(f"vllm_ternary-*+{local}-*.whl"))
+    if len(wheels) != 1:
+        raise sass.SassError(f"expected one wheel for +{local} in {DIST}, found {wheels}")
+    wheel = wheels[0]
+    found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
+    timings["total_s"] = time.monotonic() - t0
+    report = {
+        "target": target.name,
+        "toolchain": tc.provider,
+        "cuda_home": str(tc.cuda_home),
+        "nvcc_version": tc.nvcc_version,
+        "torch_version": facts["torch"],
+        "torch_cuda": facts["torch_cuda"],
+        "arch_list": list(target.arch_list),
+        "sass_expected": list(target.sm_list),
+        "sass_found": found["sass"],
+        "ptx_found": found["ptx"],
+        "wheel": str(wheel.relative_to(matrix.REPO)),
+        "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "notes": notes,
+        **{k: round(v, 1) for k, v in timings.items()},
+    }
+    (DIST / f"build-{target.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def print_report(report: dict, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    width = max(len(k) for k in report)
+    print(f"\nbuild report: {report['target']}")
+    for k, v in report.items():
+        if isinstance(v, list):
+            v = ", ".join(map(str, v)) or "none"
+        print(f"  {k.ljust(width)}  {v}")
+
+
+def install_wheel(py: Path, wheel: Path, host_torch: bool) -> None:
+    if host_torch:
+        cmd = [str(py), "-m", "pip", "install", "--no-deps", "--force-reinstall", "--no-index", str(wheel)]
+    else:
+        cmd = [envs.uv(), "pip", "install", "--python", str(py), "--no-deps", "--reinstall", str(wheel)]
+    subprocess.run(cmd, check=True)
+
+
+def test(target: matrix.Target, opts: argparse.Namespace) -> int:
+    report = build(target, opts)
+    print_report(report)
+    py = envs.ensure(target, host_torch=opts.host_torch, host_python=opts.host_python)
+    install_wheel(py, matrix.REPO / report["wheel"], opts.host_torch)
+    # -P: the checkout must not shadow the installed wheel on sys.path.
+    cmd = [str(py), "-P", "-m", "pytest", str(matrix.REPO / "tests"), *opts.pytest_args]
+    print(f"[{target.name}] {' '.join(cmd)}", flush=True)
+    return subprocess.run(cmd, cwd=matrix.REPO).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or argv[0] not in ("build", "test"):
+        print("usage: python -m ternary._build.pipeline build|test TARGET [options]", file=sys.stderr)
+        return 2
+    action, name, rest = argv[0], argv[1], argv[2:]
+    opts = parse_args(rest)
+    try:
+        target = matrix.get(name)
+        if action == "build":
+            print_report(build(target, opts), opts.json)
+            return 0
+        return test(target, opts)
+    except (checks.ToolchainError, envs.EnvError, sass.SassError, matrix.MatrixError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
