@@ -70,6 +70,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(venv_backend="none", default=False)
 def lock(session: nox.Session) -> None:
     """Regenerate every generated file of envs/ from targets.toml (pip locks, toolchain locks)."""
+    envs.lock_dev()
     for t in TARGETS.values():
         envs.lock(t)
     from ternary._build.toolchains import wheels
