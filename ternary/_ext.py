@@ -19,6 +19,9 @@ def load() -> object | None:
         return _state["module"]
     module = None
     if importlib.util.find_spec("ternary._C") is not None:
+        from ternary._build.windows import register_dll_directories
+
+        register_dll_directories()  # Windows ignores PATH for an extension's DLLs; no-op elsewhere
         try:
             module = importlib.import_module("ternary._C")
         except ImportError as e:  # wrong torch ABI, missing libcudart, ...
