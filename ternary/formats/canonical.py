@@ -1,0 +1,114 @@
+"""The canonical `ternary` format, version 1 (DESIGN.md, Formats): per quantized linear P,
+P.weight uint8 [N, K/4] packed along K, LSB first, code = w + 1 (3 invalid), and
+P.weight_scale float32 [1] / [N] / [N, ceil(K/group_size)]; config.json says
+{"quant_method": "ternary", "version": 1, "scale": ..., "group_size": ...,
+"modules_to_not_convert": [...]}."""
+
+from __future__ import annotations
+
+import torch
+
+from ternary.formats import module as m
+from ternary.formats.errors import Problem
+from ternary.formats.files import ModelFiles
+from ternary.formats.modules import expected_shape
+
+NAME = "ternary"
+VERSION = 1
+SCALE_MODES = ("channel", "tensor", "group")
+
+
+def quantization_config(scale: str, group_size: int | None,
+                        modules_to_not_convert: list[str]) -> dict:
+    return {"quant_method": NAME, "version": VERSION, "scale": scale,
+            "group_size": group_size if scale == "group" else None,
+            "modules_to_not_convert": list(modules_to_not_convert)}
+
+
+def encode(codes: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors of one module (suffixes weight, weight_scale) from int8 codes [N, K]."""
+    from ternary import ops
+
+    return {"weight": ops.pack(codes), "weight_scale": scale.to(torch.float32).contiguous()}
+
+
+def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
+    qc = files.quantization_config
+    state = {"scale": qc.get("scale"), "group_size": qc.get("group_size") or 0}
+    if qc.get("version") != VERSION:
+        problems.append(m.problem(files, None, f"quantization_config.version is "
+                                  f"{qc.get('version')!r}; this reader knows version {VERSION}",
+                                  "upgrade vllm-ternary or re-convert the model"))
+    if state["scale"] not in SCALE_MODES:
+        problems.append(m.problem(files, None, f"quantization_config.scale is "
+                                  f"{state['scale']!r}; expected one of {SCALE_MODES}",
+                                  "fix config.json"))
+        state["scale"] = None
+    elif state["scale"] == "group" and not (isinstance(qc.get("group_size"), int)
+                                            and qc["group_size"] > 0):
+        problems.append(m.problem(files, None, f"quantization_config.scale is 'group' but "
+                                  f"group_size is {qc.get('group_size')!r}",
+                                  "set group_size to a positive integer"))
+        state["scale"] = None
+    return state
+
+
+def module_names(files: ModelFiles) -> list[str]:
+    """Modules with a uint8 weight or a weight_scale."""
+    names = set()
+    for t in files.names():
+        if t.endswith(".weight_scale"):
+            names.add(t[: -len(".weight_scale")])
+        elif t.endswith(".weight") and files.dtype(t) == "U8":
+            names.add(t[: -len(".weight")])
+    return sorted(names)
+
+
+def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> m.TernaryModule | None:
+    wt, st = f"{name}.weight", f"{name}.weight_scale"
+    start = len(problems)
+    ok = m.require(files, wt, "packed weight (uint8 [N, K/4])", problems)
+    ok = m.require(files, st, "scale (float32 weight_scale)", problems) and ok
+    if not ok:
+        return None
+    ok = m.check_dtype(files, wt, ("U8",), "a packed ternary weight", problems)
+    ok = m.check_dtype(files, st, ("F32",), "a ternary scale", problems) and ok
+    shape = files.shape(wt)
+    if len(shape) != 2:
+        problems.append(m.problem(files, wt, f"packed weight has shape {shape}; expected "
+                                  "2-D [N, K/4]", "re-export the checkpoint"))
+        return None
+    n, k = shape[0], shape[1] * 4
+    exp = expected_shape(files.config, name)
+    if exp is not None and exp[0][1] % 4:
+        problems.append(m.problem(files, wt, f"config.json ({exp[1]}) gives K={exp[0][1]}, "
+                                  "not a multiple of 4, which the packing [N, K/4] along K "
+                                  f"cannot hold (the tensor is {shape}, i.e. K={k})",
+                                  "keep this module dense (modules_to_not_convert)"))
+        ok = False
+    else:
+        ok = m.check_config_shape(files, wt, n, k, exp, problems) and ok
+    mode, g = state["scale"], state["group_size"]
+    sshape = files.shape(st)
+    if mode is not None:
+        want = {"channel": [n], "tensor": [1]}.get(mode) or [n, -(-k // g)]
+        if sshape != want:
+            problems.append(m.problem(
+                files, st, f"scale shape {sshape} does not fit scale={mode!r}"
+                f"{f', group_size={g}' if mode == 'group' else ''} for the packed weight "
+                f"{shape} (N={n}, K={k}); expected {want}",
+                "the scale and the weight disagree about N or K: re-export the module"))
+            ok = False
+    if not ok or mode is None:
+        return None
+    packed, scale = files.get(wt), files.get(st)
+    ok = m.check_scale_values(files, st, scale, problems)
+    fields = torch.stack(m.two_bit_planes(packed), dim=-1).reshape(n, k)
+    ok = m.report_code3(files, wt, fields, "packed along K", problems) and ok
+    if len(problems) > start or not ok:
+        return None
+    return m.TernaryModule(name, n, k, scale, g if mode == "group" else 0, str(files.file_of(wt)),
+                           packed_=packed,
+                           info={"stored": f"U8 {shape}", "packing": "along K, 4 codes per "
+                                 "byte, LSB first (canonical)",
+                                 "scale": f"{mode}, multiply", "group_size": g or None})

@@ -1,0 +1,62 @@
+"""Which modules of a Llama-style model are quantized linear layers, and the [N, K] shape
+config.json implies for each (so a tensor whose shape contradicts config.json is caught)."""
+
+from __future__ import annotations
+
+import re
+
+# The projections of Llama-style decoder layers (Llama, Mistral, Qwen2, BitNet, Falcon3).
+_PROJ = re.compile(r"(^|\.)[a-z_]*_proj$")
+_LINEAR_PARENTS = ("mlp", "self_attn", "attention", "attn", "feed_forward")
+_NEVER = ("lm_head", "embed", "norm", "wte", "wpe")
+
+
+def not_converted(name: str, modules_to_not_convert: list[str] | None) -> bool:
+    """transformers' rule: an entry matches a module of that name or anything inside it."""
+    for key in modules_to_not_convert or ():
+        if f".{key}." in f".{name}.":
+            return True
+    return False
+
+
+def is_linear(name: str, shape: list[int], modules_to_not_convert: list[str] | None) -> bool:
+    """True for a dense [N, K] `name.weight` that the dense converter quantizes: *_proj
+    layers and the linear layers inside mlp/attention blocks, never lm_head, embeddings,
+    norms or modules_to_not_convert."""
+    if len(shape) != 2 or not_converted(name, modules_to_not_convert):
+        return False
+    parts = name.split(".")
+    if any(bad in part for part in parts for bad in _NEVER):
+        return False
+    return bool(_PROJ.search(name)) or any(p in _LINEAR_PARENTS for p in parts[:-1])
+
+
+def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | None:
+    """[N, K] that config.json gives a Llama-style projection, with the config values used
+    (for the error message); None where config.json does not determine it."""
+    text = config.get("text_config") or config
+    try:
+        hidden = int(text["hidden_size"])
+        heads = int(text["num_attention_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    kv = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    inter = text.get("intermediate_size")
+    last = name.rsplit(".", 1)[-1]
+    why_attn = (f"hidden_size={hidden}, num_attention_heads={heads}, "
+                f"num_key_value_heads={kv}, head_dim={head_dim}")
+    table = {
+        "q_proj": ((heads * head_dim, hidden), why_attn),
+        "k_proj": ((kv * head_dim, hidden), why_attn),
+        "v_proj": ((kv * head_dim, hidden), why_attn),
+        "o_proj": ((hidden, heads * head_dim), why_attn),
+    }
+    if inter is not None:
+        why_mlp = f"hidden_size={hidden}, intermediate_size={int(inter)}"
+        table.update({
+            "gate_proj": ((int(inter), hidden), why_mlp),
+            "up_proj": ((int(inter), hidden), why_mlp),
+            "down_proj": ((hidden, int(inter)), why_mlp),
+        })
+    return table.get(last)
