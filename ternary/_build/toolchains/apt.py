@@ -42,10 +42,12 @@ def _deb822_stanzas(text: str) -> list[dict[str, str]]:
     return stanzas
 
 
-def debian_mirrors(sources_list: Path = SOURCES_LIST,
-                   sources_dir: Path = SOURCES_DIR) -> list[tuple[str, str]]:
-    """(uri, keyring) of each configured Debian archive mirror (security and updates
-    archives left out: they do not carry other suites' main archive)."""
+def debian_mirrors(sources_list: Path | None = None,
+                   sources_dir: Path | None = None) -> list[tuple[str, str]]:
+    """(uri, keyring) of each configured Debian archive mirror (security archives left
+    out: they do not carry other suites' main archive)."""
+    sources_list = sources_list or SOURCES_LIST
+    sources_dir = sources_dir or SOURCES_DIR
     found: list[tuple[str, str]] = []
     for f in sorted(sources_dir.glob("*.sources")) if sources_dir.is_dir() else []:
         for s in _deb822_stanzas(f.read_text(errors="replace")):
@@ -87,11 +89,11 @@ def private_config(work: Path, *, uri: str, keyring: str, suite: str, component:
     (work / "status").touch()
     (work / "sources.list").write_text(f"deb [signed-by={keyring}] {uri} {suite} {component}\n")
     conf = [
-        f'Dir::Etc::main "/dev/null";',
+        'Dir::Etc::main "/dev/null";',
         f'Dir::Etc::parts "{work}/apt.conf.d";',
         f'Dir::Etc::sourcelist "{work}/sources.list";',
         f'Dir::Etc::sourceparts "{work}/sources.list.d";',
-        f'Dir::Etc::preferences "/dev/null";',
+        'Dir::Etc::preferences "/dev/null";',
         f'Dir::Etc::preferencesparts "{work}/preferences.d";',
         f'Dir::State::lists "{work}/lists";',
         f'Dir::State::status "{work}/status";',
@@ -122,9 +124,6 @@ def fetch_deb(work: Path, *, package: str, version: str, suite: str, component: 
             f"(a `deb` entry whose URI ends in /debian): the deb toolchain needs one to fetch "
             f"{package} {version} from {suite} {component}. Add one, or use `--toolchain system`"
         )
-    if not Path("/usr/bin/apt-get").exists() or not Path("/usr/bin/dpkg-deb").exists():
-        raise ToolchainError("the deb toolchain needs apt-get and dpkg-deb (Debian/Ubuntu hosts); "
-                             "use `--toolchain system` or `conda` elsewhere")
     errors = []
     for uri, keyring in mirrors:
         env = private_config(work, uri=uri, keyring=keyring, suite=suite, component=component,

@@ -4,7 +4,6 @@ hash-checked download (`pip download --require-hashes`) and the unpacking."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
