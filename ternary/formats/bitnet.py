@@ -114,10 +114,8 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
         s = torch.ones_like(s) / s
     codes = fields.to(torch.int8) - 1
     return m.TernaryModule(name, n, k, s, 0, str(files.file_of(wt)), codes_=codes,
-                           info={"stored": f"U8 {shape}",
-                                 "packing": "along N in 4 row blocks, R = ceil(N/4) "
-                                 f"(N from {n_from})",
-                                 "scale": f"tensor {files.dtype(st)} {stored.reshape(-1).tolist()}"
-                                 f", {'divide' if state['linear_class'] == 'bitlinear' else 'multiply'}"
+                           info={"stored": f"U8 {shape}", "packing": "along N, 4 row blocks",
+                                 "scale": f"tensor {'/' if state['linear_class'] == 'bitlinear' else 'x'}"
+                                 f" {files.dtype(st)} {stored.reshape(-1)[0].item():g}"
                                  f" ({state['linear_class']})",
-                                 "group_size": None})
+                                 "group_size": None, "note": f"N={n} from {n_from}"})

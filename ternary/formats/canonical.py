@@ -109,6 +109,5 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
         return None
     return m.TernaryModule(name, n, k, scale, g if mode == "group" else 0, str(files.file_of(wt)),
                            packed_=packed,
-                           info={"stored": f"U8 {shape}", "packing": "along K, 4 codes per "
-                                 "byte, LSB first (canonical)",
-                                 "scale": f"{mode}, multiply", "group_size": g or None})
+                           info={"stored": f"U8 {shape}", "packing": "along K, LSB first",
+                                 "scale": f"{mode} x", "group_size": g or None, "note": ""})

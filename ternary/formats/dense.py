@@ -61,6 +61,5 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
     return m.TernaryModule(name, n, k, scale, 0, str(files.file_of(f"{name}.weight")),
                            codes_=codes,
                            info={"stored": f"{files.dtype(name + '.weight')} {[n, k]}",
-                                 "packing": "dense",
-                                 "scale": "none (convert quantizes absmean per channel)",
-                                 "group_size": None})
+                                 "packing": "dense", "scale": "absmean channel x",
+                                 "group_size": None, "note": "quantized on conversion"})

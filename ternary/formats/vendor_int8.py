@@ -215,6 +215,6 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
     return m.TernaryModule(name, n, k, canon_scale, g, str(files.file_of(wt)),
                            codes_=lut[raw.to(torch.int64)],
                            info={"stored": f"I8 {shape}",
-                                 "packing": f"one code per byte, map {state['code_map']}",
-                                 "scale": f"F32 {list(scale.shape)}, multiply; {why}",
-                                 "group_size": g or None})
+                                 "packing": f"1 code/byte, {state['code_map']}",
+                                 "scale": f"{'group' if g else 'channel'} x, F32 {list(scale.shape)}",
+                                 "group_size": g or None, "note": why})

@@ -1,0 +1,130 @@
+"""Conversion of any supported checkpoint to the canonical `ternary` format, tensor by
+tensor: one module is in memory at a time and output shards are written as they fill."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from ternary.formats import canonical, dense
+from ternary.formats.errors import FormatError
+from ternary.formats.files import CONFIG, INDEX, ShardWriter, iter_tensor_names
+from ternary.formats.modules import not_converted
+from ternary.formats.reader import Checkpoint, plan_scale
+
+# Weight files of other serializations are not copied: the output holds its own weights.
+_NOT_COPIED = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
+               ".partial")
+
+
+@dataclasses.dataclass
+class ConvertReport:
+    source: str
+    source_format: str
+    destination: str
+    scale: str
+    group_size: int | None
+    modules: int
+    kept_dense: list[str]
+    tensors_copied: int
+    files_copied: list[str]
+    shards: list[str]
+    bytes_written: int
+    notes: list[str]
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: str | None = None,
+            code_map: str | None = None, group_size: int | None = None,
+            not_convert: list[str] | tuple = (), max_shard_bytes: int = 2 << 30,
+            progress: Callable[[int, int, str], None] | None = None) -> ConvertReport:
+    """Write `src` (bitnet, vendor-int8 or dense) to `dst` in the canonical format.
+    `progress(done_bytes, total_bytes, tensor)` is called after each source tensor."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and (dst.resolve() == src.resolve() or any(dst.iterdir())):
+        raise FormatError(dst, None, "destination exists and is not empty",
+                          "choose a new directory or remove it first")
+    ckpt = Checkpoint(src, format=source_format, code_map=code_map, group_size=group_size)
+    if ckpt.format == canonical.NAME:
+        raise FormatError(src / CONFIG, None, "already in the canonical ternary format",
+                          "nothing to convert; `ternary inspect` checks it")
+    if ckpt.problems:
+        raise FormatError.of(ckpt.problems[0])
+    files = ckpt.files
+    src_skip = (files.quantization_config.get("modules_to_not_convert") or [])
+    names = ckpt.module_names()
+    quantized = [n for n in names if not not_converted(n, list(not_convert))]
+    # Listed modules of a dense source are copied untouched; of a packed source, stored
+    # dense (float32, exactly as the source defines them), since nothing else reads them.
+    kept = [] if ckpt.format == dense.NAME else [n for n in names if n not in quantized]
+    names = quantized + kept
+    notes = []
+    if ckpt.format == "bitnet":
+        mode, g = "tensor", None
+    elif ckpt.format == dense.NAME:
+        mode, g = "channel", None
+    else:
+        # vendor-int8 modules may differ in group size; one layout must hold them all.
+        mode, g = plan_scale(ckpt)
+        notes.append(f"code map: {ckpt.state['code_map']} ({ckpt.state['code_map_evidence']})")
+
+    tmp = dst.with_name(f".{dst.name}.converting-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        writer = ShardWriter(tmp, max_shard_bytes)
+        total = sum(files.nbytes(t) for t in files.names())
+        done, copied = 0, 0
+        role = {}
+        for n in names:
+            role[f"{n}.weight"], role[f"{n}.weight_scale"] = n, n
+        for t in iter_tensor_names(files):
+            done += files.nbytes(t)
+            mod_name = role.get(t)
+            if mod_name is None:
+                writer.add(t, files.get(t))
+                copied += 1
+            elif t == f"{mod_name}.weight":
+                mod = ckpt.module(mod_name)
+                if mod_name in kept:
+                    writer.add(t, mod.dense())
+                else:
+                    packed, scale = mod.canonical(mode, g)
+                    writer.add(f"{mod_name}.weight", packed)
+                    writer.add(f"{mod_name}.weight_scale", scale)
+                del mod
+            if progress:
+                progress(done, total, t)
+        shards = writer.close()
+        copied_files = _copy_side_files(src, tmp)
+        skip = list(dict.fromkeys(list(src_skip) + list(not_convert)
+                                  + (["lm_head"] if "lm_head.weight" in files else [])))
+        config = dict(files.config)
+        config["quantization_config"] = canonical.quantization_config(mode, g, skip)
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        ckpt.close()
+        if dst.exists():
+            dst.rmdir()
+        tmp.replace(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConvertReport(str(src), ckpt.format, str(dst), mode, g, len(quantized), kept,
+                         copied, copied_files, [str(dst / s.name) for s in shards],
+                         writer.total_bytes, notes)
+
+
+def _copy_side_files(src: Path, dst: Path) -> list[str]:
+    """Tokenizer, generation config and anything else that is not a weight file."""
+    copied = []
+    for p in sorted(src.iterdir()):
+        if p.name in (CONFIG, INDEX) or p.name.startswith(".") or p.name.endswith(_NOT_COPIED):
+            continue
+        if p.is_dir():
+            shutil.copytree(p, dst / p.name)
+        else:
+            shutil.copy2(p, dst / p.name)
+        copied.append(p.name)
+    return copied
