@@ -1,0 +1,426 @@
+"""`ternary doctor`: is this machine able to run ternary, and which path will it take?
+
+Each check gives a verdict (ok / warn / fail), what it saw, and the fix. Everything the checks
+look at comes through `Probes`, whose fields are plain callables: tests replace them to reach
+every verdict on a machine without a GPU. A probe that raises is reported as that check's
+failure, never as a crash of the doctor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+WSL_LIB = "/usr/lib/wsl/lib"
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    verdict: str
+    detail: str
+    fix: str = ""
+
+
+# ---------------------------------------------------------------- probes (real system) ----
+
+def _run(cmd: list[str], timeout: float = 15) -> str | None:
+    exe = shutil.which(cmd[0]) or (f"{WSL_LIB}/{cmd[0]}" if os.path.exists(f"{WSL_LIB}/{cmd[0]}")
+                                   else None)
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def probe_driver() -> dict | None:
+    """{'driver': '550.54.15', 'cuda': '12.4', 'gpus': [('NVIDIA A100', '8.0'), ...]} from
+    nvidia-smi (on WSL2 it lives in /usr/lib/wsl/lib), or None when there is none."""
+    head = _run(["nvidia-smi"])
+    query = _run(["nvidia-smi", "--query-gpu=driver_version,name,compute_cap",
+                  "--format=csv,noheader"])
+    if head is None or query is None:
+        return None
+    m = re.search(r"CUDA Version:\s*(\d+\.\d+)", head)
+    rows = [[c.strip() for c in line.split(",")] for line in query.strip().splitlines()]
+    return {"driver": rows[0][0] if rows else "?", "cuda": m.group(1) if m else None,
+            "gpus": [(r[1], r[2]) for r in rows if len(r) >= 3]}
+
+
+def probe_torch() -> dict:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"version": torch.__version__, "cuda": torch.version.cuda,
+            "available": torch.cuda.is_available(),
+            "devices": [(torch.cuda.get_device_name(i),
+                         "%d.%d" % torch.cuda.get_device_capability(i)) for i in range(n)]}
+
+
+def probe_nvcc() -> tuple[str, str] | None:
+    """(CUDA_HOME, nvcc version) of the toolkit a build here would use, or None."""
+    from ternary._build import checks
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = str(Path(nvcc).resolve().parent.parent) if nvcc else None
+    if not home:
+        return None
+    try:
+        return home, checks.nvcc_version(home)
+    except checks.ToolchainError:
+        return None
+
+
+def probe_libcuda() -> dict:
+    """Where libcuda.so.1 is: the files present and what the dynamic loader resolves."""
+    found = []
+    for d in (WSL_LIB, "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+        found += sorted(glob.glob(f"{d}/libcuda.so*"))
+    ld = _run(["ldconfig", "-p"]) or _run(["/sbin/ldconfig", "-p"]) or ""
+    resolved = [line.split("=>")[-1].strip() for line in ld.splitlines()
+                if "libcuda.so.1 " in line]
+    conf = " ".join(Path(p).read_text() for p in glob.glob("/etc/ld.so.conf.d/*.conf"))
+    return {"files": found, "resolved": resolved, "wsl_lib_configured": WSL_LIB in conf}
+
+
+def probe_build_info() -> tuple[dict | None, str | None]:
+    from ternary import _ext
+
+    info = _ext.build_info()
+    err = _ext.load_error()
+    return info, (str(err) if err else None)
+
+
+def probe_host_compiler() -> tuple[str, int] | None:
+    from ternary._build import checks
+
+    try:
+        return checks.gcc_version()
+    except checks.ToolchainError:
+        return None
+
+
+def probe_vllm() -> str | None:
+    try:
+        from ternary.vllm.register import vllm_version
+
+        return vllm_version()
+    except Exception:  # noqa: BLE001 - no vLLM (or no ternary.vllm): reported as absent
+        return None
+
+
+def probe_plugin() -> str:
+    """How the vLLM plugin registered ("api", "dict", "already"); raises why it did not."""
+    from ternary import vllm_plugin
+
+    how = vllm_plugin.register()
+    return how if isinstance(how, str) else "registered"
+
+
+def probe_kernel() -> str:
+    """The kernel path ternary.kernels picks for GPU 0; raises ImportError where that
+    module does not exist yet and its own error (every reason) when nothing fits."""
+    import importlib
+
+    kernels = importlib.import_module("ternary.kernels")
+    for name in ("describe", "choose", "choose_kernel", "select"):
+        fn = getattr(kernels, name, None)
+        if fn is not None:
+            import torch
+
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            chosen = fn(device)
+            return getattr(chosen, "name", None) or str(chosen)
+    raise ImportError("ternary.kernels has no describe/choose function")
+
+
+def probe_wsl() -> bool:
+    try:
+        return "microsoft" in Path("/proc/version").read_text().lower()
+    except OSError:
+        return False
+
+
+@dataclasses.dataclass
+class Probes:
+    driver: Callable[[], dict | None] = probe_driver
+    torch: Callable[[], dict] = probe_torch
+    nvcc: Callable[[], tuple[str, str] | None] = probe_nvcc
+    libcuda: Callable[[], dict] = probe_libcuda
+    build_info: Callable[[], tuple[dict | None, str | None]] = probe_build_info
+    host_compiler: Callable[[], tuple[str, int] | None] = probe_host_compiler
+    vllm: Callable[[], str | None] = probe_vllm
+    plugin: Callable[[], str] = probe_plugin
+    kernel: Callable[[], str] = probe_kernel
+    wsl: Callable[[], bool] = probe_wsl
+    os_name: Callable[[], str] = lambda: os.name
+    env: Callable[[], dict] = lambda: dict(os.environ)
+
+
+# ---------------------------------------------------------------------------- checks ----
+
+def _mm(v: str) -> tuple[int, int]:
+    a, b = (v.split(".") + ["0"])[:2]
+    return int(a), int(re.match(r"\d+", b).group())  # type: ignore[union-attr]
+
+
+def arch_covers(compiled: str, device: str) -> bool:
+    """SASS for `compiled` runs on a GPU of capability `device`: same major and a minor not
+    above it; an arch-specific build (9.0a) only on exactly that GPU."""
+    c_major, c_minor = _mm(compiled)
+    d_major, d_minor = _mm(device)
+    if compiled.endswith("a"):
+        return (c_major, c_minor) == (d_major, d_minor)
+    return c_major == d_major and c_minor <= d_minor
+
+
+def _targets_for(cap: str) -> list[str]:
+    from ternary._build import matrix
+
+    return [t.name for t in matrix.load().values()
+            if any(arch_covers(a, cap) for a in t.arch_list)]
+
+
+def check_driver(p: Probes, torch_info: dict | None) -> Check:
+    d = p.driver()
+    if d is None:
+        return Check("driver", WARN, "no NVIDIA driver (nvidia-smi not found): CPU only",
+                     "install the NVIDIA driver for GPU use (on WSL2: the Windows driver; "
+                     "nothing inside Linux); the reference ops run without one")
+    detail = f"driver {d['driver']}, supports CUDA {d['cuda']}, {len(d['gpus'])} GPU(s)"
+    t_cuda = (torch_info or {}).get("cuda")
+    if d["cuda"] and t_cuda:
+        (dm, dn), (tm, tn) = _mm(d["cuda"]), _mm(t_cuda)
+        if dm < tm:
+            return Check("driver", FAIL, f"{detail}; torch needs CUDA {t_cuda}",
+                         f"update the NVIDIA driver to one supporting CUDA {tm}.x")
+        if (dm, dn) < (tm, tn):
+            return Check("driver", WARN, f"{detail}; torch is built for CUDA {t_cuda}",
+                         "works through minor-version compatibility (no PTX JIT); update the "
+                         f"driver to one supporting CUDA {t_cuda} to be safe")
+    return Check("driver", OK, detail)
+
+
+def check_torch(p: Probes, has_gpu: bool) -> tuple[Check, dict | None]:
+    try:
+        t = p.torch()
+    except ImportError as e:
+        return Check("torch", FAIL, f"torch does not import: {e}",
+                     "install the target's locked environment (nox -s build-<target>)"), None
+    if t["cuda"] is None:
+        if has_gpu:
+            return Check("torch", FAIL, f"torch {t['version']} is a CPU build but a GPU is "
+                         "present", "install the CUDA torch of your target "
+                         "(envs/<target>/requirements.lock)"), t
+        return Check("torch", OK, f"torch {t['version']} (CPU build; reference ops)"), t
+    if not t["available"]:
+        return Check("torch", FAIL, f"torch {t['version']} (CUDA {t['cuda']}) sees no GPU",
+                     "check the driver check above; in a container pass --gpus all; "
+                     "CUDA_VISIBLE_DEVICES may hide every GPU"), t
+    return Check("torch", OK, f"torch {t['version']}, CUDA {t['cuda']}, "
+                 f"{len(t['devices'])} GPU(s) visible"), t
+
+
+def check_nvcc(p: Probes, torch_info: dict | None) -> Check:
+    n = p.nvcc()
+    if n is None:
+        return Check("nvcc", WARN, "no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH)",
+                     "needed only to build ternary._C: nox -s build-<target> pins one")
+    home, ver = n
+    t_cuda = (torch_info or {}).get("cuda")
+    if not t_cuda:
+        return Check("nvcc", OK, f"nvcc {ver} at {home} (torch is a CPU build)")
+    (nm, nn), (tm, tn) = _mm(ver), _mm(t_cuda)
+    if nm != tm:
+        return Check("nvcc", FAIL, f"nvcc {ver} at {home}, torch built with CUDA {t_cuda}",
+                     f"set CUDA_HOME to a CUDA {tm}.x toolkit (-- --toolchain deb gives 12.4, "
+                     "pip gives 13.0)")
+    if nn != tn:
+        return Check("nvcc", WARN, f"nvcc {ver} at {home}, torch built with CUDA {t_cuda}",
+                     "builds need --allow-cuda-minor-mismatch; use a CUDA "
+                     f"{t_cuda} toolkit to avoid it")
+    return Check("nvcc", OK, f"nvcc {ver} at {home} matches torch's CUDA {t_cuda}")
+
+
+def check_libcuda(p: Probes, wsl: bool, has_gpu: bool) -> Check:
+    if p.os_name() == "nt":
+        return Check("libcuda", OK, "Windows: nvcuda.dll comes with the driver")
+    lc = p.libcuda()
+    files, resolved = lc["files"], lc["resolved"]
+    if wsl:
+        stub = [f for f in files if f.startswith(WSL_LIB)]
+        linux = [f for f in files if not f.startswith(WSL_LIB)]
+        if linux:
+            return Check("libcuda", FAIL, f"a Linux driver's libcuda is installed inside WSL2: "
+                         f"{', '.join(linux)}", "remove it (apt purge the nvidia driver "
+                         "packages): on WSL2 libcuda must be the Windows driver's stub in "
+                         f"{WSL_LIB}")
+        if not stub:
+            return Check("libcuda", FAIL, f"no libcuda in {WSL_LIB}",
+                         "update the Windows NVIDIA driver (it provides the WSL2 stub) and "
+                         "run `wsl --update`")
+        if not lc["wsl_lib_configured"] and not any(r.startswith(WSL_LIB) for r in resolved):
+            return Check("libcuda", FAIL, f"{stub[0]} exists but the loader does not search "
+                         f"{WSL_LIB}", f"echo {WSL_LIB} > /etc/ld.so.conf.d/ld.so.wsl.conf "
+                         "&& ldconfig")
+        return Check("libcuda", OK, f"WSL2 stub {stub[0]}")
+    if not files and not resolved:
+        verdict = FAIL if has_gpu else WARN
+        return Check("libcuda", verdict, "no libcuda.so.1 found",
+                     "install the NVIDIA driver (in containers: the NVIDIA container toolkit "
+                     "mounts it)")
+    return Check("libcuda", OK, (resolved or files)[0])
+
+
+def check_archs(p: Probes, gpus: list[tuple[str, str]]) -> list[Check]:
+    info, err = p.build_info()
+    if info is None:
+        if err:
+            return [Check("ternary._C", FAIL, f"present but fails to load: {err}",
+                          "rebuild for this torch: nox -s build-<target>")]
+        return [Check("ternary._C", WARN, "not built: the PyTorch reference ops run",
+                      "nox -s build-<target> for the CUDA kernels")]
+    archs = info.get("arch_list") or []
+    if isinstance(archs, str):
+        archs = [a for a in re.split(r"[;, ]+", archs) if a]
+    out = [Check("ternary._C", OK, f"built with CUDA {info.get('cuda_version')} for "
+                 f"{';'.join(archs)} ({info.get('git_revision', '?')})")]
+    for i, (name, cap) in enumerate(gpus):
+        if any(arch_covers(a, cap) for a in archs):
+            out.append(Check(f"gpu{i} arch", OK, f"{name} (sm_{cap.replace('.', '')}) is in "
+                             f"the compiled arch list {';'.join(archs)}"))
+        else:
+            fits = _targets_for(cap)
+            out.append(Check(f"gpu{i} arch", FAIL,
+                             f"{name} is compute capability {cap}; ternary._C has SASS for "
+                             f"{';'.join(archs)} only",
+                             f"build a matching target: {', '.join(f'nox -s build-{t}' for t in fits)}"
+                             if fits else f"no target in envs/targets.toml covers {cap}: add "
+                             "its arch to a target's arch_list"))
+    return out
+
+
+def check_host_compiler(p: Probes, nvcc_ver: str | None) -> Check:
+    if p.os_name() == "nt":
+        return Check("host compiler", OK, "MSVC: chosen by ternary._build.windows.plan_msvc")
+    hc = p.host_compiler()
+    if hc is None:
+        return Check("host compiler", WARN, "no C++ compiler (c++/CXX) found",
+                     "needed only to build: apt install g++ (or set CXX)")
+    path, major = hc
+    if nvcc_ver:
+        from ternary._build import matrix
+
+        cuda = matrix.cuda_versions().get("%d.%d" % _mm(nvcc_ver))
+        if cuda and major > cuda.max_gcc:
+            return Check("host compiler", FAIL, f"{path} is gcc {major}; CUDA {cuda.version} "
+                         f"accepts at most gcc {cuda.max_gcc}",
+                         f"set CXX=g++-{cuda.max_gcc} CC=gcc-{cuda.max_gcc}")
+    return Check("host compiler", OK, f"{path} (gcc {major})")
+
+
+def check_vllm(p: Probes) -> list[Check]:
+    version = p.vllm()
+    if version is None:
+        return [Check("vllm", WARN, "vLLM is not installed", "install the target's locked "
+                      "environment to serve (the windows target has no vLLM)")]
+    out = [Check("vllm", OK, f"vLLM {version}")]
+    try:
+        how = p.plugin()
+    except ImportError as e:
+        out.append(Check("vllm plugin", WARN, f"ternary.vllm_plugin not importable: {e}",
+                         "reinstall vllm-ternary (the plugin ships with it)"))
+    except Exception as e:  # noqa: BLE001 - any refusal of vLLM is the check's finding
+        out.append(Check("vllm plugin", FAIL, f"registration with vLLM {version} failed: "
+                         f"{type(e).__name__}: {e}", "use the vLLM version of your target "
+                         "(envs/targets.toml)"))
+    else:
+        out.append(Check("vllm plugin", OK, f"quant_method 'ternary' registered ({how})"))
+    return out
+
+
+def check_kernel(p: Probes) -> Check:
+    try:
+        path = p.kernel()
+    except ImportError as e:
+        return Check("kernel path", WARN, f"ternary.kernels unavailable ({e}): the PyTorch "
+                     "reference runs", "install a vllm-ternary with ternary.kernels")
+    except Exception as e:  # noqa: BLE001 - the chooser's error lists every reason
+        return Check("kernel path", FAIL, f"no kernel fits: {e}",
+                     "TERNARY_KERNEL=reference forces the reference path")
+    return Check("kernel path", OK, path)
+
+
+def check_platform(p: Probes, wsl: bool) -> list[Check]:
+    from ternary._build import windows
+
+    out = []
+    env = p.env()
+    if wsl:
+        pin = env.get("TERNARY_PIN_MEMORY", "")
+        out.append(Check("wsl2", OK if pin in ("", "0") else WARN,
+                         "WSL2: GEMM path " + windows.gemm_path("linux", True)
+                         + ("" if pin in ("", "0") else f"; TERNARY_PIN_MEMORY={pin}"),
+                         "" if pin in ("", "0") else
+                         "unset TERNARY_PIN_MEMORY: pinned memory is capped under WSL2"))
+    if p.os_name() == "nt":
+        dirs = windows.dll_directories(env)
+        if not dirs:
+            out.append(Check("windows", FAIL, "no CUDA DLL directory (CUDA_PATH / CONDA_PREFIX "
+                             "unset or without bin)", "set CUDA_PATH to the CUDA toolkit or "
+                             "activate the conda environment"))
+        else:
+            out.append(Check("windows", OK, f"DLL directories {'; '.join(dirs)}; GEMM path "
+                             + windows.gemm_path("windows", False)))
+    return out
+
+
+def _guard(name: str, fn, *args) -> list[Check]:
+    try:
+        r = fn(*args)
+    except Exception as e:  # noqa: BLE001 - a broken probe is a finding, not a crash
+        return [Check(name, FAIL, f"probe failed: {type(e).__name__}: {e}",
+                      "report this with `ternary doctor --json`")]
+    return r if isinstance(r, list) else [r]
+
+
+def run_checks(p: Probes | None = None) -> list[Check]:
+    p = p or Probes()
+    wsl = p.wsl()
+    driver = None
+    try:
+        driver = p.driver()
+    except Exception:  # noqa: BLE001 - check_driver reports it
+        pass
+    t_check, t_info = check_torch(p, has_gpu=bool(driver and driver["gpus"]))
+    gpus = (t_info or {}).get("devices") or (driver or {}).get("gpus") or []
+    checks = _guard("driver", check_driver, p, t_info) + [t_check]
+    checks += _guard("nvcc", check_nvcc, p, t_info)
+    checks += _guard("libcuda", check_libcuda, p, wsl, bool(gpus))
+    checks += _guard("ternary._C", check_archs, p, gpus)
+    nv = None
+    try:
+        nv = p.nvcc()
+    except Exception:  # noqa: BLE001 - check_nvcc reports it
+        pass
+    checks += _guard("host compiler", check_host_compiler, p, nv[1] if nv else None)
+    checks += _guard("vllm", check_vllm, p)
+    checks += _guard("kernel path", check_kernel, p)
+    checks += _guard("platform", check_platform, p, wsl)
+    return checks
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 1 if any(c.verdict == FAIL for c in checks) else 0
