@@ -12,6 +12,9 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-info": ("build_info", "what the installed ternary._C was built with"),
     "targets": ("targets", "the target matrix of envs/targets.toml"),
+    "make-tiny": ("make_tiny", "write a tiny deterministic ternary Llama model"),
+    "validate": ("validate", "compare vLLM with a transformers reference on a model"),
+    "serve": ("serve", "vLLM's OpenAI server with the ternary method registered first"),
     "doctor": ("doctor", "check driver, torch, toolchain, GPU archs, vLLM plugin; a fix each"),
     "convert": ("convert", "a bitnet, vendor-int8 or dense checkpoint to the canonical ternary format"),
     "inspect": ("inspect", "a checkpoint's format, modules, packing, scales and every problem found"),

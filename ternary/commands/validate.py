@@ -1,0 +1,55 @@
+"""`ternary validate MODEL_DIR`: vLLM against a transformers reference on the dequantized
+weights (greedy tokens, per-position logits, KL; first divergent layer on failure)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model_dir", type=Path, help="Hugging Face model directory (ternary or bitnet)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ternary.smoke import cpu_env_defaults
+
+    cpu_env_defaults()
+    console = Console(stderr=True)
+    if not (args.model_dir / "config.json").is_file():
+        console.print(f"[red]{args.model_dir}: no config.json; pass a Hugging Face model "
+                      f"directory (make one with `ternary make-tiny DIR`)")
+        return 2
+    from ternary.validate import validate
+
+    with console.status("validating") as status:
+        report = validate(args.model_dir, args.dtype, args.max_tokens,
+                          progress=lambda m: (status.update(m), console.log(m)))
+    if args.json:
+        d = dataclasses.asdict(report)
+        d["ok"] = report.ok
+        print(json.dumps(d, indent=2))
+        return 0 if report.ok else 1
+    t = Table(title=f"{report.model_dir} ({report.quant_method}, {report.dtype})")
+    for c in ("prompt", "greedy tokens", "max |logit diff|", "KL(ref||vLLM)"):
+        t.add_column(c)
+    for r in report.results:
+        t.add_row(repr(r.prompt), "identical" if r.tokens_equal else
+                  f"[red]differ[/]: vLLM {r.vllm_tokens} ref {r.ref_tokens}",
+                  f"{r.max_abs_logit_diff:.3g}",
+                  f"{r.kl_ref_vllm:.3g}" + ("" if r.kl_ref_vllm < report.kl_limit else " [red]>limit"))
+    Console().print(t)
+    if not report.ok:
+        Console().print(f"first divergent layer: {report.first_divergent_layer}")
+        for name, d in report.layer_diffs:
+            Console().print(f"  {name}: max |diff| {d:.3g}")
+    Console().print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
+                    f"(identical greedy tokens and KL < {report.kl_limit:g} required)")
+    return 0 if report.ok else 1

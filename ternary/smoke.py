@@ -1,0 +1,389 @@
+"""The serving smoke test: a real vLLM OpenAI server on a tiny ternary model, queried over
+HTTP and compared with the transformers reference, then stopped.
+
+    python -m ternary.smoke --target cpu [--json] [--keep DIR]
+
+For each checkpoint format (ternary through `ternary serve`, bitnet through vLLM's own
+`python -m vllm.entrypoints.openai.api_server` and the plugin entry point alone):
+start the server on 127.0.0.1 at a free port; wait for /health (bounded); send a text
+prompt, a token-id prompt, a chat request and a streaming request, each compared token by
+token with the reference's greedy decoding; send 16 concurrent requests that must all be
+answered in time and match; stop the server with SIGTERM to its PID and check that it and
+every process it started are gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEALTH_TIMEOUT_S = 600  # first start on a busy 2-core machine compiles for a while
+REQUEST_TIMEOUT_S = 120
+CONCURRENT = 16
+STOP_TIMEOUT_S = 60
+MAX_TOKENS = 12
+PROMPTS = ["The quick brown fox", "Hello, world! How are you", "A ternary weight is",
+           "Once upon a time there was", "Numbers: 0 1 2", "Servers answer requests;",
+           "The kernel reads the packed bytes", "I am fine, thank you."]
+
+
+class SmokeError(RuntimeError):
+    pass
+
+
+def cpu_env_defaults() -> None:
+    """vLLM's CPU backend settings this project needs (FINDINGS.md), unless already set:
+    a 1 GiB KV cache instead of 90 % of RAM, loopback for its own sockets, no hub lookups."""
+    if not _cpu_platform():
+        return
+    for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_HOST_IP", "127.0.0.1"),
+                 ("HF_HUB_OFFLINE", "1"), ("VLLM_TARGET_DEVICE", "cpu")):
+        os.environ.setdefault(k, v)
+
+
+def _cpu_platform() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm-cpu")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    ok: bool
+    seconds: float
+    detail: str = ""
+
+
+@dataclasses.dataclass
+class ServerRun:
+    format: str
+    launcher: str
+    port: int
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    log: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+
+class Server:
+    def __init__(self, model_dir: Path, launcher: str, log_path: Path, dtype: str = "float32"):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
+                  "--max-model-len", "256", "--served-model-name", "tiny", "--seed", "0"]
+        if launcher == "ternary":
+            cmd = [sys.executable, "-m", "ternary", "serve", str(model_dir), *common]
+        else:
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(model_dir), *common]
+        self.cmd = cmd
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def tail(self, n: int = 40) -> str:
+        self.log.flush()
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def wait_healthy(self, timeout: float) -> None:
+        import requests
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SmokeError(f"the server exited with status {self.proc.returncode} before "
+                                 f"becoming healthy ({' '.join(self.cmd)}); log tail:\n"
+                                 f"{self.tail()}")
+            try:
+                if requests.get(f"{self.base}/health", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        raise SmokeError(f"the server on port {self.port} was not healthy after {timeout:.0f} s; "
+                         f"raise --health-timeout on a slow machine; log tail:\n{self.tail()}")
+
+    def stop(self, timeout: float) -> tuple[bool, str]:
+        """SIGTERM to the server's PID; True when it and everything it started are gone."""
+        procs = descendants(self.proc.pid) | {self.proc.pid}
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 10
+        left = {p for p in procs if alive(p)}
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = {p for p in left if alive(p)}
+        self.log.close()
+        if left:
+            for p in left:  # do not leave them behind, but report the failure
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return False, (f"{len(left)} of {len(procs)} processes still alive "
+                           f"{timeout:.0f} s after SIGTERM: PIDs {sorted(left)}")
+        return True, f"{len(procs)} processes gone"
+
+
+class Reference:
+    def __init__(self, model_dir: Path):
+        import torch
+        from transformers import AutoTokenizer
+
+        from ternary import validate
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = validate.reference_model(model_dir, torch.float32)
+        self._greedy = validate.reference_greedy
+        self._cache: dict[tuple[int, ...], list[int]] = {}
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tok(prompt).input_ids
+
+    def chat_ids(self, messages) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def greedy(self, ids: list[int]) -> list[int]:
+        key = tuple(ids)
+        if key not in self._cache:
+            self._cache[key] = self._greedy(self.model, list(ids), MAX_TOKENS)
+        return self._cache[key]
+
+
+def _compare(got_ids, got_text: str, want: list[int], ref: Reference) -> tuple[bool, str]:
+    if got_ids is not None:
+        ok = list(got_ids) == want
+        return ok, "tokens identical" if ok else f"tokens {list(got_ids)} != reference {want}"
+    want_text = ref.tok.decode(want, skip_special_tokens=True)
+    ok = got_text == want_text
+    return ok, "text identical" if ok else f"text {got_text!r} != reference {want_text!r}"
+
+
+def _body(**kw):
+    return {"model": "tiny", "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True, **kw}
+
+
+def _completion(base: str, prompt) -> tuple[list[int] | None, str]:
+    import requests
+
+    r = requests.post(f"{base}/v1/completions", json=_body(prompt=prompt),
+                      timeout=REQUEST_TIMEOUT_S)
+    if r.status_code != 200:
+        raise SmokeError(f"/v1/completions answered {r.status_code}: {r.text[:500]}")
+    c = r.json()["choices"][0]
+    return c.get("token_ids"), c["text"]
+
+
+def run_checks(server: Server, ref: Reference, run: ServerRun) -> None:
+    import requests
+
+    def check(name, fn):
+        t = time.monotonic()
+        try:
+            ok, detail = fn()
+        except Exception as e:  # one failed check must not hide the others
+            ok, detail = False, f"{type(e).__name__}: {e}"
+        run.checks.append(Check(name, ok, time.monotonic() - t, detail))
+
+    def models():
+        ids = [m["id"] for m in requests.get(f"{server.base}/v1/models", timeout=30).json()["data"]]
+        return ids == ["tiny"], f"models {ids}"
+
+    def text_prompt():
+        p = PROMPTS[0]
+        got, text = _completion(server.base, p)
+        return _compare(got, text, ref.greedy(ref.ids(p)), ref)
+
+    def token_prompt():
+        ids = ref.ids(PROMPTS[1])
+        got, text = _completion(server.base, ids)
+        return _compare(got, text, ref.greedy(ids), ref)
+
+    def chat():
+        messages = [{"role": "user", "content": "Hello, how are you?"}]
+        r = requests.post(f"{server.base}/v1/chat/completions",
+                          json=_body(messages=messages), timeout=REQUEST_TIMEOUT_S)
+        if r.status_code != 200:
+            return False, f"answered {r.status_code}: {r.text[:500]}"
+        c = r.json()["choices"][0]
+        return _compare(c.get("token_ids"), c["message"]["content"],
+                        ref.greedy(ref.chat_ids(messages)), ref)
+
+    def streaming():
+        p = PROMPTS[2]
+        chunks, ids = [], []
+        with requests.post(f"{server.base}/v1/completions", json=_body(prompt=p, stream=True),
+                           stream=True, timeout=REQUEST_TIMEOUT_S) as r:
+            if r.status_code != 200:
+                return False, f"answered {r.status_code}: {r.text[:500]}"
+            for line in r.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                c = json.loads(line[6:])["choices"]
+                if c:
+                    chunks.append(c[0].get("text", ""))
+                    ids.extend(c[0].get("token_ids") or [])
+        ok, detail = _compare(ids or None, "".join(chunks), ref.greedy(ref.ids(p)), ref)
+        return ok, f"{len(chunks)} chunks, {detail}"
+
+    def concurrent_requests():
+        prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(CONCURRENT)]
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
+            futs = [pool.submit(_completion, server.base, p) for p in prompts]
+            done, pending = concurrent.futures.wait(futs, timeout=REQUEST_TIMEOUT_S * 2)
+        if pending:
+            return False, f"{len(pending)} of {CONCURRENT} requests unanswered"
+        bad = []
+        for p, f in zip(prompts, futs):
+            got, text = f.result()
+            ok, detail = _compare(got, text, ref.greedy(ref.ids(p)), ref)
+            if not ok:
+                bad.append(f"{p!r}: {detail}")
+        return not bad, (f"{CONCURRENT}/{CONCURRENT} answered, all match" if not bad
+                         else f"{len(bad)} differ: " + "; ".join(bad[:3]))
+
+    check("GET /v1/models", models)
+    check("text prompt", text_prompt)
+    check("token-id prompt", token_prompt)
+    check("chat", chat)
+    check("streaming", streaming)
+    check(f"{CONCURRENT} concurrent", concurrent_requests)
+
+
+def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say) -> ServerRun:
+    from ternary import tiny
+
+    model_dir = work / f"tiny-{fmt}"
+    say(f"[{fmt}] writing the tiny model to {model_dir}")
+    tiny.make(model_dir, fmt)
+    say(f"[{fmt}] building the transformers reference")
+    ref = Reference(model_dir)
+    log = work / f"server-{fmt}.log"
+    server = Server(model_dir, launcher, log)
+    run = ServerRun(fmt, launcher, server.port, log=str(log))
+    say(f"[{fmt}] started {' '.join(server.cmd[1:])} (PID {server.proc.pid}); waiting for "
+        f"/health (at most {health_timeout:.0f} s)")
+    t = time.monotonic()
+    try:
+        try:
+            server.wait_healthy(health_timeout)
+            run.checks.append(Check("healthy", True, time.monotonic() - t))
+        except SmokeError as e:
+            run.checks.append(Check("healthy", False, time.monotonic() - t, str(e)))
+            return run
+        say(f"[{fmt}] healthy after {time.monotonic() - t:.1f} s; sending requests")
+        run_checks(server, ref, run)
+    finally:
+        t = time.monotonic()
+        ok, detail = server.stop(STOP_TIMEOUT_S)
+        run.checks.append(Check("SIGTERM, all processes gone", ok, time.monotonic() - t, detail))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ternary.smoke", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="cpu", help="target of envs/targets.toml (for the report)")
+    p.add_argument("--formats", default="ternary,bitnet", help="comma-separated: ternary,bitnet")
+    p.add_argument("--health-timeout", type=float, default=HEALTH_TIMEOUT_S)
+    p.add_argument("--keep", type=Path, help="write models and server logs here and keep them")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    cpu_env_defaults()
+    launchers = {"ternary": "ternary", "bitnet": "vllm"}
+    formats = [f for f in args.formats.split(",") if f]
+    unknown = [f for f in formats if f not in launchers]
+    if unknown:
+        console.print(f"[red]--formats: unknown {unknown}; choose from {list(launchers)}")
+        return 2
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ternary-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    runs = [smoke_one(f, launchers[f], work, args.health_timeout, console.log) for f in formats]
+    ok = all(r.ok for r in runs)
+    if args.json:
+        print(json.dumps({"target": args.target, "ok": ok, "seconds": time.monotonic() - t0,
+                          "runs": [dict(dataclasses.asdict(r), ok=r.ok) for r in runs]}, indent=2))
+    else:
+        table = Table(title=f"smoke-{args.target}: vLLM OpenAI server on tiny ternary models")
+        for c in ("format", "launcher", "check", "result", "seconds", "detail"):
+            table.add_column(c)
+        for r in runs:
+            for c in r.checks:
+                table.add_row(r.format, r.launcher, c.name, "[green]ok" if c.ok else "[red]FAIL",
+                              f"{c.seconds:.2f}", c.detail[:300])
+        Console().print(table)
+        Console().print(f"{'[green]PASSED' if ok else '[red]FAILED'}[/] in "
+                        f"{time.monotonic() - t0:.0f} s; server logs in {work}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

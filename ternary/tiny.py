@@ -1,0 +1,173 @@
+"""A tiny deterministic ternary Llama model, for tests and smoke tests without downloads.
+
+Llama architecture (vLLM's and transformers' own implementation), shapes chosen so that
+vLLM's CPU attention accepts them (head_dim 32) and every K is a multiple of 4; a
+byte-level BPE tokenizer trained offline on the text below; weights drawn from a seeded
+generator and absmean-quantized, so the same arguments always write the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # grouped-query attention, as in Llama 3
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+}
+VOCAB_SIZE = 384
+FORMATS = ("ternary", "bitnet")
+SCALES = ("channel", "tensor", "group")
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
+# A ChatML-like template, so the OpenAI chat endpoint works on the tiny model.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+TEXT = """\
+The quick brown fox jumps over the lazy dog. A ternary weight is minus one, zero or plus one,
+times a scale. Four weights fit in one byte, so a large language model shrinks to a fraction
+of its size in half precision. The kernel reads the packed bytes, unpacks the codes and adds
+or subtracts the activations. Hello, world! How are you today? I am fine, thank you.
+Once upon a time there was a small model that could only say a few words, but it said them
+the same way every time. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Servers answer requests;
+clients send prompts and read tokens back, one at a time or all at once.
+"""
+PROJECTIONS = {  # module -> (rows N, inputs K) as multiples of SHAPE entries
+    "self_attn.q_proj": ("q", "hidden"),
+    "self_attn.k_proj": ("kv", "hidden"),
+    "self_attn.v_proj": ("kv", "hidden"),
+    "self_attn.o_proj": ("hidden", "q"),
+    "mlp.gate_proj": ("inter", "hidden"),
+    "mlp.up_proj": ("inter", "hidden"),
+    "mlp.down_proj": ("hidden", "inter"),
+}
+
+
+def _dims() -> dict[str, int]:
+    s = SHAPE
+    return {"hidden": s["hidden_size"], "inter": s["intermediate_size"],
+            "q": s["num_attention_heads"] * s["head_dim"],
+            "kv": s["num_key_value_heads"] * s["head_dim"]}
+
+
+def train_tokenizer(out: Path) -> int:
+    """Trains the byte-level BPE tokenizer and writes tokenizer.json and
+    tokenizer_config.json; returns the vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(TEXT.splitlines(), trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": SHAPE["max_position_embeddings"],
+        "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+    }, indent=2) + "\n")
+    return tok.get_vocab_size()
+
+
+def _absmean(w: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """BitNet b1.58 absmean quantization along `dim` (None: whole tensor)."""
+    s = w.abs().mean() if dim is None else w.abs().mean(dim=dim, keepdim=True)
+    s = s.clamp(min=1e-8)
+    return (w / s).round().clamp(-1, 1).to(torch.int8), s.to(torch.float32)
+
+
+def _bitnet_pack(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] -> transformers' bitnet layout uint8 [N/4, K]: byte row r, bits
+    2i..2i+1 hold row i*R + r."""
+    n, k = codes.shape
+    c = (codes + 1).to(torch.uint8).view(4, n // 4, k)
+    return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
+
+
+def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: int = 32,
+         seed: int = 0) -> Path:
+    """Writes the tiny model to `out` and returns it."""
+    from safetensors.torch import save_file
+
+    from ternary import ops
+
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")
+    if scale not in SCALES:
+        raise ValueError(f"scale {scale!r} is not one of {list(SCALES)}")
+    if fmt == "bitnet" and scale != "channel":
+        raise ValueError(f"the bitnet format has one scale per tensor; scale={scale!r} "
+                         f"applies to the ternary format only")
+    ks = (SHAPE["hidden_size"], SHAPE["intermediate_size"])
+    if scale == "group" and (group_size <= 0 or any(k % group_size for k in ks)):
+        raise ValueError(f"group_size={group_size} must be positive and divide the tiny "
+                         f"model's K values {ks}")
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = train_tokenizer(out)
+    d = _dims()
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, std):
+        return torch.randn(*shape, generator=g, dtype=torch.float32) * std
+
+    tensors: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": randn(vocab, d["hidden"], std=1.0),
+        "model.norm.weight": torch.ones(d["hidden"]),
+        # Sharp logits keep greedy decoding far from ties, so implementations agree.
+        "lm_head.weight": randn(vocab, d["hidden"], std=0.2),
+    }
+    for i in range(SHAPE["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        tensors[f"{p}.input_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
+        tensors[f"{p}.post_attention_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
+        for mod, (rows, cols) in PROJECTIONS.items():
+            n, k = d[rows], d[cols]
+            w = randn(n, k, std=k ** -0.5)
+            name = f"{p}.{mod}"
+            if fmt == "bitnet":
+                codes, s = _absmean(w, None)
+                tensors[f"{name}.weight"] = _bitnet_pack(codes)
+                # linear_class "bitlinear" divides by its scale
+                tensors[f"{name}.weight_scale"] = (1.0 / s).reshape(1).to(torch.bfloat16)
+            elif scale == "group":
+                wg = w.view(n, k // group_size, group_size)
+                codes, s = _absmean(wg, 2)
+                tensors[f"{name}.weight"] = ops.pack(codes.view(n, k))
+                tensors[f"{name}.weight_scale"] = s.view(n, k // group_size)
+            else:
+                codes, s = _absmean(w, 1 if scale == "channel" else None)
+                tensors[f"{name}.weight"] = ops.pack(codes)
+                tensors[f"{name}.weight_scale"] = s.reshape(-1)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    if fmt == "bitnet":
+        qcfg = {"quant_method": "bitnet", "linear_class": "bitlinear",
+                "quantization_mode": "offline", "modules_to_not_convert": ["lm_head"]}
+    else:
+        qcfg = {"quant_method": "ternary", "version": 1, "scale": scale,
+                "group_size": group_size if scale == "group" else None,
+                "modules_to_not_convert": ["lm_head"]}
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": vocab, **SHAPE, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
+        "mlp_bias": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+        "quantization_config": qcfg,
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
+    return out

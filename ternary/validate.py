@@ -1,0 +1,267 @@
+"""Does vLLM serve a ternary checkpoint exactly as the checkpoint defines it?
+
+Runs vLLM's offline API on MODEL_DIR and a transformers reference built from the
+dequantized weights (plain LlamaForCausalLM, dense float32), then compares, per prompt:
+- greedy tokens: vLLM's against the reference's own greedy decoding;
+- per-position logits over the whole vocabulary at every generated position (the
+  reference is run teacher-forced on vLLM's tokens): max abs difference and KL(ref || vLLM).
+When they diverge, both models run the first prompt once more with a hook on every decoder
+layer, and the first layer whose output differs is named.
+
+vLLM runs with enforce_eager (hooks do not fire inside compiled graphs) and in-process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), so the hooks can reach the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+
+PROMPTS = [
+    "The quick brown fox",
+    "Hello, world! How are you",
+    "A ternary weight is",
+    "Once upon a time there was",
+]
+KL_LIMIT = 1e-6  # float32, tiny models (the issue's target)
+
+
+@dataclasses.dataclass
+class PromptResult:
+    prompt: str
+    vllm_tokens: list[int]
+    ref_tokens: list[int]
+    max_abs_logit_diff: float
+    kl_ref_vllm: float
+
+    @property
+    def tokens_equal(self) -> bool:
+        return self.vllm_tokens == self.ref_tokens
+
+
+@dataclasses.dataclass
+class Report:
+    model_dir: str
+    dtype: str
+    quant_method: str
+    results: list[PromptResult]
+    first_divergent_layer: str | None = None
+    layer_diffs: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    kl_limit: float = KL_LIMIT
+
+    @property
+    def ok(self) -> bool:
+        return all(r.tokens_equal and r.kl_ref_vllm < self.kl_limit for r in self.results)
+
+
+# ---------------------------------------------------------------------------------------
+# Reference
+
+
+def dense_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint as a dense float32 model would hold it: quantized
+    linears (weight + weight_scale) dequantized, everything else as stored."""
+    from safetensors.torch import load_file
+
+    from ternary.vllm import spec as spec_mod
+
+    config = json.loads((model_dir / "config.json").read_text())
+    spec = spec_mod.parse(config.get("quantization_config") or {},
+                          f"{model_dir / 'config.json'} quantization_config")
+    raw: dict[str, torch.Tensor] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        raw.update(load_file(str(f)))
+    out: dict[str, torch.Tensor] = {}
+    for name, t in raw.items():
+        if name.endswith(".weight_scale"):
+            continue
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and f"{module}.weight_scale" in raw:
+            out[name] = dequantize(t, raw[f"{module}.weight_scale"], spec, module)
+        else:
+            out[name] = t.to(torch.float32) if t.is_floating_point() else t
+    return out
+
+
+def dequantize(packed: torch.Tensor, scale: torch.Tensor, spec, module: str) -> torch.Tensor:
+    """float32 [N, K] of one quantized linear, in either format."""
+    from ternary import ops
+    from ternary.vllm import loading
+
+    if spec.format == "bitnet":
+        n = packed.shape[0] * 4
+        packed = loading.bitnet_to_canonical(packed, n, f"{module}.weight")
+    else:
+        n = packed.shape[0]
+    s = loading.per_channel_scale(scale, n, spec, f"{module}.weight_scale")
+    return ops.dequantize(packed, s, spec.kernel_group_size, torch.float32)
+
+
+def reference_model(model_dir: Path, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    state = dense_state_dict(model_dir)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "rotary_emb" not in m]
+    if missing or unexpected:
+        raise RuntimeError(f"{model_dir}: the dense reference does not match the checkpoint: "
+                           f"missing {missing}, unexpected {unexpected}")
+    return model.to(dtype).eval()
+
+
+@torch.no_grad()
+def reference_greedy(model, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids])
+    out = []
+    for _ in range(n):
+        nxt = int(model(x).logits[0, -1].argmax())
+        out.append(nxt)
+        x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
+@torch.no_grad()
+def reference_logits(model, ids: list[int], generated: list[int]) -> torch.Tensor:
+    """float32 [len(generated), vocab]: the logits that produced each generated token."""
+    x = torch.tensor([ids + generated[:-1]])
+    return model(x).logits[0, len(ids) - 1:].to(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM
+
+
+def vllm_engine(model_dir: Path, dtype: str, vocab: int):
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    kwargs = dict(model=str(model_dir), dtype=dtype, enforce_eager=True, seed=0,
+                  max_model_len=256, max_logprobs=vocab, tensor_parallel_size=1)
+    try:  # compare logits themselves where vLLM can return them (>= 0.10)
+        return LLM(**kwargs, logprobs_mode="raw_logits"), "logits"
+    except TypeError:
+        return LLM(**kwargs), "logprobs"
+
+
+def vllm_generate(llm, ids: list[int], n: int, vocab: int) -> tuple[list[int], torch.Tensor]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=n, logprobs=vocab, ignore_eos=True)
+    try:
+        prompt = {"prompt_token_ids": ids}
+        (out,) = llm.generate(prompt, sp, use_tqdm=False)
+    except TypeError:  # vLLM 0.6.x: prompt_token_ids keyword
+        (out,) = llm.generate(prompt_token_ids=[ids], sampling_params=sp, use_tqdm=False)
+    comp = out.outputs[0]
+    rows = torch.full((len(comp.token_ids), vocab), float("-inf"))
+    for i, lp in enumerate(comp.logprobs):
+        for tok, v in lp.items():
+            rows[i, tok] = v.logprob
+    return list(comp.token_ids), rows
+
+
+# ---------------------------------------------------------------------------------------
+# Layer by layer
+
+
+def _layer_output(out) -> torch.Tensor:
+    """A decoder layer's output as the residual stream (vLLM returns (hidden, residual))."""
+    if isinstance(out, tuple):
+        h = out[0]
+        if len(out) > 1 and isinstance(out[1], torch.Tensor) and out[1].shape == h.shape:
+            return (h + out[1]).detach().float().cpu()
+        return h.detach().float().cpu()
+    return out.detach().float().cpu()
+
+
+def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | None, list]:
+    captured: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def install(model):
+        layers = model.model.layers
+        for i, layer in enumerate(layers):
+            def hook(_m, _inp, out, i=i):
+                captured.setdefault(i, _layer_output(out))
+            handles.append(layer.register_forward_hook(hook))
+        return len(layers)
+
+    try:
+        llm.apply_model(install)
+        vllm_generate(llm, ids, 1, 1)
+    finally:
+        llm.apply_model(lambda _m: [h.remove() for h in handles])
+    ref_out: dict[int, torch.Tensor] = {}
+    hs = [layer.register_forward_hook(
+        lambda _m, _i, out, i=i: ref_out.setdefault(i, _layer_output(out)))
+        for i, layer in enumerate(ref.model.layers)]
+    with torch.no_grad():
+        ref(torch.tensor([ids]))
+    for h in hs:
+        h.remove()
+    diffs, first = [], None
+    for i in sorted(ref_out):
+        a, b = ref_out[i].reshape(-1, ref_out[i].shape[-1]), captured.get(i)
+        if b is None:
+            diffs.append((f"model.layers.{i}", float("nan")))
+            continue
+        d = float((a - b.reshape(a.shape)).abs().max())
+        diffs.append((f"model.layers.{i}", d))
+        if first is None and d > tol:
+            first = f"model.layers.{i}"
+    return first, diffs
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
+             prompts: list[str] | None = None, progress=None) -> Report:
+    from transformers import AutoTokenizer
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                   "float16": torch.float16}[dtype]
+    step = progress or (lambda msg: None)
+    config = json.loads((model_dir / "config.json").read_text())
+    qm = (config.get("quantization_config") or {}).get("quant_method", "none")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vocab = config["vocab_size"]
+    step("building the transformers reference from the dequantized weights")
+    ref = reference_model(model_dir, torch_dtype)
+    step("starting vLLM (offline API)")
+    llm, kind = vllm_engine(model_dir, dtype, vocab)
+    results = []
+    for p in prompts or PROMPTS:
+        step(f"prompt {p!r}")
+        ids = tok(p).input_ids
+        v_tokens, v_rows = vllm_generate(llm, ids, max_tokens, vocab)
+        r_tokens = reference_greedy(ref, ids, max_tokens)
+        r_logits = reference_logits(ref, ids, v_tokens)
+        # KL in float64: float32 rounding of log-softmax alone is ~1e-7 per position
+        r_lp = torch.log_softmax(r_logits.double(), -1)
+        if kind == "logits":
+            diff = float((r_logits - v_rows).abs().max())
+            v_lp = torch.log_softmax(v_rows.double(), -1)
+        else:
+            v_lp = v_rows.double()
+            diff = float((r_lp - v_lp).abs().max())
+        kl = float((r_lp.exp() * (r_lp - v_lp)).sum(-1).max())
+        results.append(PromptResult(p, v_tokens, r_tokens, diff, kl))
+    report = Report(str(model_dir), dtype, qm, results)
+    if not report.ok:
+        step("outputs diverge: comparing hidden states layer by layer")
+        try:
+            tol = 1e-4 if torch_dtype == torch.float32 else 1e-1
+            report.first_divergent_layer, report.layer_diffs = first_divergent_layer(
+                llm, ref, tok(results[0].prompt).input_ids, tol)
+        except Exception as e:  # the token/logit verdict stands; say why layers are unknown
+            report.first_divergent_layer = f"(layer comparison failed: {type(e).__name__}: {e})"
+    return report

@@ -1,0 +1,148 @@
+"""TernaryLinearMethod: a vLLM linear method for ternary weights.
+
+Lifecycle (the order vLLM calls it in):
+1. create_weights: allocate `weight` uint8 [N_rank, K_rank/4] and `weight_scale` float32
+   [N_rank] (or [N_rank, G_rank] for group scales) in the canonical checkpoint layout, with
+   output_dim/input_dim/packed_dim attributes, so vLLM's own v1 weight loaders slice them
+   for tensor parallelism (QKV, merged gate_up, row parallel). Shapes that cannot be split
+   across the ranks are refused here, before any weight is read.
+2. loading: a per-parameter adapter (ternary.vllm.loading) turns each checkpoint tensor
+   (canonical or bitnet) into that layout, then vLLM's loader slices and copies it.
+3. process_weights_after_loading: the kernel chosen for the device repacks what it needs.
+4. apply: the kernel's GEMM.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.nn import Parameter
+from vllm.model_executor.layers.linear import LinearMethodBase
+from vllm.model_executor.utils import set_weight_attrs
+
+from ternary.vllm import loading
+from ternary.vllm.spec import QuantSpec, TernaryConfigError
+
+PACK = 4  # 2-bit codes per byte along K
+
+
+class _ReferenceKernel:
+    """ternary.ops.gemm on the stored layout. Stands in for ternary.kernels' chooser until
+    that lands; same prepare/apply interface, so switching is one line in choose_kernel."""
+
+    name = "reference"
+
+    @staticmethod
+    def prepare(packed: torch.Tensor, scale: torch.Tensor, group_size: int):
+        return packed, scale, group_size
+
+    @staticmethod
+    def apply(x: torch.Tensor, prepared, bias: torch.Tensor | None) -> torch.Tensor:
+        from ternary import ops
+
+        packed, scale, group_size = prepared
+        return ops.gemm(x, packed, scale, group_size, bias)
+
+
+def choose_kernel(device: torch.device):
+    """The kernel for this device (the one switch point to ternary.kernels)."""
+    return _ReferenceKernel
+
+
+def _logical_rows(layer: torch.nn.Module, shard_id) -> int:
+    """Full (pre tensor parallel) output size of the checkpoint tensor `shard_id` of a layer."""
+    if shard_id is None:
+        return layer.output_size
+    if isinstance(shard_id, str):  # QKVParallelLinear: "q" | "k" | "v"
+        heads = layer.total_num_heads if shard_id == "q" else layer.total_num_kv_heads
+        size = getattr(layer, "v_head_size", layer.head_size) if shard_id == "v" else layer.head_size
+        return heads * size
+    return layer.output_sizes[shard_id]  # MergedColumnParallelLinear: 0 | 1 | ...
+
+
+def _adapt(kind: str, spec: QuantSpec, layer: torch.nn.Module, vllm_loader):
+    """A weight_loader that converts one checkpoint tensor, then calls vLLM's loader."""
+
+    @functools.wraps(vllm_loader)
+    def load(param, loaded_weight, loaded_shard_id=None, *args, **kwargs):
+        n = _logical_rows(layer, loaded_shard_id)
+        name = f"{getattr(layer, 'prefix', '') or type(layer).__name__}.{kind}"
+        if loaded_shard_id is not None:
+            name += f" (shard {loaded_shard_id!r})"
+        if kind == "weight":
+            if spec.format == "bitnet":
+                loaded_weight = loading.bitnet_to_canonical(loaded_weight, n, name)
+            elif loaded_weight.dtype != torch.uint8:
+                raise TernaryConfigError(
+                    f"{name}: a ternary weight must be uint8 [N, K/4]; got {loaded_weight.dtype} "
+                    f"{list(loaded_weight.shape)} (a dense checkpoint? convert it with "
+                    f"`ternary convert`)"
+                )
+        else:
+            loaded_weight = loading.per_channel_scale(loaded_weight, n, spec, name)
+        if loaded_shard_id is None:
+            return vllm_loader(param, loaded_weight, *args, **kwargs)
+        return vllm_loader(param, loaded_weight, loaded_shard_id, *args, **kwargs)
+
+    return load
+
+
+class TernaryLinearMethod(LinearMethodBase):
+    """Linear layers with {-1, 0, +1} weights times a float32 scale."""
+
+    def __init__(self, spec: QuantSpec):
+        self.spec = spec
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs):
+        where = getattr(layer, "prefix", "") or type(layer).__name__
+        k = input_size_per_partition
+        tp = max(1, input_size // k)
+        if k % PACK:
+            raise TernaryConfigError(
+                f"{where}: K per rank = {k} (K={input_size}, tensor parallel {tp}) is not a "
+                f"multiple of {PACK}; ternary weights pack {PACK} codes per byte along K. "
+                f"Use a tensor_parallel_size that splits K into multiples of {PACK}"
+            )
+        gs = self.spec.kernel_group_size
+        if gs and k != input_size and k % gs:
+            raise TernaryConfigError(
+                f"{where}: K per rank = {k} (K={input_size}, tensor parallel {tp}) is not a "
+                f"multiple of group_size={gs}, so scale groups would straddle ranks. Use a "
+                f"tensor_parallel_size that splits K into whole groups"
+            )
+        vllm_loader = extra_weight_attrs.pop("weight_loader")
+        n = sum(output_partition_sizes)
+
+        weight = Parameter(torch.empty(n, k // PACK, dtype=torch.uint8), requires_grad=False)
+        # packed_dim != output_dim: vLLM's loaders keep shard offsets in rows and slice the
+        # input dim in bytes; both pack_factor (<=0.6) and packed_factor (newer) are read.
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0, "packed_dim": 1,
+                                  "pack_factor": PACK, "packed_factor": PACK,
+                                  "weight_loader": _adapt("weight", self.spec, layer, vllm_loader)})
+        layer.register_parameter("weight", weight)
+        set_weight_attrs(weight, extra_weight_attrs)
+
+        scale_attrs = {"output_dim": 0,
+                       "weight_loader": _adapt("weight_scale", self.spec, layer, vllm_loader)}
+        if gs:
+            scale = torch.empty(n, -(-k // gs), dtype=torch.float32)
+            scale_attrs["input_dim"] = 1
+        else:
+            scale = torch.empty(n, dtype=torch.float32)
+        weight_scale = Parameter(scale, requires_grad=False)
+        set_weight_attrs(weight_scale, scale_attrs)
+        layer.register_parameter("weight_scale", weight_scale)
+        set_weight_attrs(weight_scale, extra_weight_attrs)
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        kernel = choose_kernel(layer.weight.device)
+        layer.ternary_kernel = kernel
+        layer.ternary_prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data,
+                                                self.spec.kernel_group_size)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return layer.ternary_kernel.apply(x, layer.ternary_prepared, bias)

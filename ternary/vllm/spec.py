@@ -1,0 +1,133 @@
+"""What a checkpoint's `quantization_config` says, parsed and checked without vLLM.
+
+Two on-disk formats reach the same linear method (DESIGN.md, Formats):
+- "ternary" (canonical): uint8 [N, K/4] packed along K, scale per channel, tensor or group;
+- "bitnet" (transformers): uint8 [ceil(N/4), K] packed along N in four row blocks, one bf16
+  scale per tensor that "bitlinear" divides by and "autobitlinear" multiplies by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SCALES = ("channel", "tensor", "group")
+BITNET_LINEAR_CLASSES = ("bitlinear", "autobitlinear")
+# Llama-architecture model types whose vLLM implementation is a plain Llama with
+# q/k/v/o and gate/up/down projections; bitnet weights in other architectures (model_type
+# "bitnet" has extra sub-norms) are not served by this plugin.
+LLAMA_MODEL_TYPES = ("llama",)
+
+
+class TernaryConfigError(ValueError):
+    """A quantization_config or model shape the ternary vLLM method cannot serve."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantSpec:
+    format: str  # "ternary" | "bitnet"
+    scale: str  # "channel" | "tensor" | "group"; bitnet is "tensor"
+    group_size: int | None
+    modules_to_not_convert: tuple[str, ...]
+    bitnet_linear_class: str | None = None  # bitnet only
+
+    @property
+    def kernel_group_size(self) -> int:
+        """group_size as the ternary ops take it (0: channel or tensor scale, expanded per
+        output channel at load time)."""
+        return self.group_size if self.scale == "group" else 0
+
+
+def parse(cfg: dict[str, Any], source: str = "config.json quantization_config") -> QuantSpec:
+    """Checks a quantization_config dict (canonical ternary v1 or bitnet) and returns its spec."""
+    method = cfg.get("quant_method")
+    skip = tuple(cfg.get("modules_to_not_convert") or ())
+    if method == "ternary":
+        version = cfg.get("version", 1)
+        if version != 1:
+            raise TernaryConfigError(
+                f"{source}: ternary format version {version!r} is not supported by this "
+                f"vllm-ternary (it reads version 1); upgrade vllm-ternary or re-convert the "
+                f"checkpoint with `ternary convert`"
+            )
+        scale = cfg.get("scale", "channel")
+        if scale not in SCALES:
+            raise TernaryConfigError(
+                f"{source}: scale={scale!r} is not one of {list(SCALES)}; fix the checkpoint's "
+                f"quantization_config"
+            )
+        group_size = cfg.get("group_size")
+        if scale == "group":
+            if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
+                raise TernaryConfigError(
+                    f"{source}: scale='group' needs a positive integer group_size, got "
+                    f"{group_size!r}; set group_size to the group length along K"
+                )
+        elif group_size is not None:
+            raise TernaryConfigError(
+                f"{source}: group_size={group_size!r} given with scale={scale!r}; group_size "
+                f"applies to scale='group' only (set it to null)"
+            )
+        return QuantSpec("ternary", scale, group_size, skip)
+    if method == "bitnet":
+        mode = cfg.get("quantization_mode", "offline")
+        if mode != "offline":
+            raise TernaryConfigError(
+                f"{source}: bitnet quantization_mode={mode!r}: only 'offline' checkpoints "
+                f"(weights already packed) can be served; quantize with `ternary convert` first"
+            )
+        linear_class = cfg.get("linear_class", "bitlinear")
+        if linear_class not in BITNET_LINEAR_CLASSES:
+            raise TernaryConfigError(
+                f"{source}: bitnet linear_class={linear_class!r} is not one of "
+                f"{list(BITNET_LINEAR_CLASSES)}"
+            )
+        return QuantSpec("bitnet", "tensor", None, skip, linear_class)
+    raise TernaryConfigError(
+        f"{source}: quant_method={method!r}; the ternary vLLM method reads 'ternary' "
+        f"(canonical) and 'bitnet' checkpoints only"
+    )
+
+
+def claims_bitnet(cfg: dict[str, Any], model_type: str | None) -> bool:
+    """Whether a bitnet checkpoint of this model type is ours to serve. Raises for bitnet
+    checkpoints of architectures we cannot serve, so the user sees why instead of vLLM's
+    'unknown quantization method'."""
+    if cfg.get("quant_method") != "bitnet":
+        return False
+    if model_type is not None and model_type not in LLAMA_MODEL_TYPES:
+        raise TernaryConfigError(
+            f"config.json: a bitnet checkpoint with model_type={model_type!r}; the ternary "
+            f"plugin serves bitnet weights in Llama-architecture models only "
+            f"(model_type in {list(LLAMA_MODEL_TYPES)})"
+        )
+    return True
+
+
+def module_matches(prefix: str, entry: str) -> bool:
+    """Whether `entry` of modules_to_not_convert names module `prefix`: its dotted parts
+    appear as a contiguous run of prefix's parts ("lm_head" matches "lm_head",
+    "self_attn.o_proj" matches "model.layers.3.self_attn.o_proj", "proj" matches nothing)."""
+    p, e = prefix.split("."), entry.split(".")
+    return any(p[i:i + len(e)] == e for i in range(len(p) - len(e) + 1))
+
+
+def is_skipped(prefix: str, skip: tuple[str, ...], packed_modules: dict[str, list[str]]) -> bool:
+    """Whether the module at `prefix` stays unquantized. A module vLLM fuses (qkv_proj from
+    q/k/v_proj) is skipped only when all its parts are; a partial listing is an error."""
+    if not skip:
+        return False
+    head, _, last = prefix.rpartition(".")
+    parts = packed_modules.get(last)
+    if not parts:
+        return any(module_matches(prefix, e) for e in skip)
+    names = [f"{head}.{p}" if head else p for p in parts]
+    flags = [any(module_matches(n, e) for e in skip) for n in names]
+    if any(flags) and not all(flags):
+        listed = [n for n, f in zip(names, flags) if f]
+        missing = [n for n, f in zip(names, flags) if not f]
+        raise TernaryConfigError(
+            f"modules_to_not_convert lists {listed} but not {missing}, which vLLM fuses into "
+            f"one layer {prefix!r}; list all of them or none"
+        )
+    return all(flags)

@@ -1,0 +1,11 @@
+"""The `vllm.general_plugins` entry point (pyproject.toml): vLLM calls `register()` in every
+process it starts (API server, engine core, workers), so TernaryConfig is known wherever
+a model is built."""
+
+from __future__ import annotations
+
+
+def register() -> None:
+    from ternary.vllm.register import register as _register
+
+    _register()
