@@ -104,6 +104,14 @@ class Checkpoint:
             self._raise_first(problems)
             return w
         if name not in self.module_names():
+            t = f"{name}.weight"
+            if t in self.files and self.files.dtype(t) in dense.FLOAT_DTYPES \
+                    and len(self.files.shape(t)) == 2:
+                # kept unquantized (modules_to_not_convert, lm_head): stored dense
+                problems = []
+                w = dense.read_dense(self.files, name, problems)
+                self._raise_first(problems)
+                return w
             raise FormatError(self.files.dir, f"{name}.weight", "not a quantized module of "
                               f"this {self.format} checkpoint",
                               f"quantized modules: {self.module_names()[:8]}...")

@@ -163,3 +163,52 @@ def write_vendor_int8(model_dir, config: dict | None = None, seed: int = 0,
         qc["code_map"] = stated_code_map
     return write_model(model_dir, {**config, "quantization_config": qc}, tensors,
                        max_shard_bytes)
+
+
+def rewrite_tensors(model_dir: str | os.PathLike, changes: dict[str, torch.Tensor | None]
+                    ) -> None:
+    """Replace (or, with None, delete) tensors of a tiny model in place, for building
+    malformed checkpoints. Loads everything: tiny models only."""
+    from safetensors.torch import load_file, save_file
+
+    d = Path(model_dir)
+    for shard in sorted(d.glob("*.safetensors")):
+        tensors = load_file(str(shard))
+        touched = False
+        for name, t in changes.items():
+            if name in tensors:
+                touched = True
+                if t is None:
+                    del tensors[name]
+                else:
+                    tensors[name] = t
+        if touched:
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        for name, t in changes.items():
+            if t is None:
+                data["weight_map"].pop(name, None)
+        index.write_text(json.dumps(data, indent=2))
+
+
+def edit_config(model_dir: str | os.PathLike, **changes) -> dict:
+    """Update config.json keys (None deletes one); returns the new config."""
+    path = Path(model_dir) / CONFIG
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config, indent=2))
+    return config
+
+
+def load_tensor(model_dir: str | os.PathLike, name: str) -> torch.Tensor:
+    """One tensor of a model directory (a copy, safe to modify)."""
+    from ternary.formats.files import ModelFiles
+
+    with ModelFiles(model_dir) as files:
+        return files.get(name).clone()
