@@ -18,7 +18,8 @@ def step(provider: str, message: str, enabled: bool = True) -> None:
     except ImportError:
         print(f"[{provider}] {message}", file=sys.stderr, flush=True)
         return
-    Console(stderr=True).print(f"[bold cyan]\\[{provider}][/] {message}", highlight=False)
+    Console(stderr=True).print(f"[bold cyan]\\[{provider}][/] {message}", highlight=False,
+                              soft_wrap=True)
 
 
 def track(items: Iterable[T], description: str, total: int, enabled: bool = True) -> Iterator[T]:
