@@ -26,8 +26,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
     from ternary.formats import FormatError
@@ -48,7 +47,7 @@ def run(args) -> int:
                              not_convert=args.not_convert, max_shard_bytes=args.max_shard_size,
                              progress=progress)
         except FormatError as e:
-            err.print(f"error: {e}", markup=False, highlight=False)
+            err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
             return 2
     if args.json:
         print(json.dumps(dataclasses.asdict(report), indent=2))

@@ -28,7 +28,8 @@ def run(args) -> int:
     console = Console()
     console.print(f"{report['dir']}: format {report['format'] or 'unknown'}", highlight=False)
     for key, value in report["detected"].items():
-        console.print(f"  {key}: {value}", highlight=False, markup=False)
+        console.print(f"  {key}: {value}", highlight=False, markup=False,
+                      soft_wrap=True)
     if report["modules"]:
         table = Table(title="modules")
         table.add_column("module", overflow="fold")
@@ -46,7 +47,7 @@ def run(args) -> int:
                 notes.setdefault(mod["note"], []).append(mod["module"])
         for note, mods in notes.items():
             console.print(f"  {note}: {len(mods)} module(s), e.g. {mods[0]}", highlight=False,
-                          markup=False)
+                          markup=False, soft_wrap=True)
     if report["problems"]:
         table = Table(title=f"{len(report['problems'])} problem(s)")
         for col in ("file", "tensor", "problem", "what to do"):

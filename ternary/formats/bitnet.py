@@ -66,7 +66,8 @@ def module_names(files: ModelFiles) -> list[str]:
     return sorted(names)
 
 
-def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> m.TernaryModule | None:
+def read(files: ModelFiles, name: str, state: dict,
+         problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
     ok = m.require(files, wt, "packed weight (uint8 [ceil(N/4), K])", problems)
@@ -113,9 +114,10 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
         # w / s == w * fl(1/s) exactly for w in {-1, 0, 1}: division is correctly rounded.
         s = torch.ones_like(s) / s
     codes = fields.to(torch.int8) - 1
+    op = "/" if state["linear_class"] == "bitlinear" else "x"
     return m.TernaryModule(name, n, k, s, 0, str(files.file_of(wt)), codes_=codes,
                            info={"stored": f"U8 {shape}", "packing": "along N, 4 row blocks",
-                                 "scale": f"tensor {'/' if state['linear_class'] == 'bitlinear' else 'x'}"
+                                 "scale": f"tensor {op}"
                                  f" {files.dtype(st)} {stored.reshape(-1)[0].item():g}"
                                  f" ({state['linear_class']})",
                                  "group_size": None, "note": f"N={n} from {n_from}"})

@@ -64,7 +64,8 @@ def module_names(files: ModelFiles) -> list[str]:
     return sorted(names)
 
 
-def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> m.TernaryModule | None:
+def read(files: ModelFiles, name: str, state: dict,
+         problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
     ok = m.require(files, wt, "packed weight (uint8 [N, K/4])", problems)

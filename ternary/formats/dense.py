@@ -51,7 +51,8 @@ def read_dense(files: ModelFiles, name: str, problems: list[Problem]) -> torch.T
     return w.to(torch.float32)
 
 
-def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> m.TernaryModule | None:
+def read(files: ModelFiles, name: str, state: dict,
+         problems: list[Problem]) -> m.TernaryModule | None:
     """The module quantized (absmean, per channel), for conversion."""
     w = read_dense(files, name, problems)
     if w is None:

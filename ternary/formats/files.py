@@ -97,7 +97,8 @@ class ModelFiles:
         try:
             return json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise FormatError(path, None, f"not valid JSON ({e})", "fix or re-download it") from None
+            raise FormatError(path, None, f"not valid JSON ({e})",
+                              "fix or re-download it") from None
 
     def _read_index(self, index: Path) -> None:
         try:

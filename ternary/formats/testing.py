@@ -57,7 +57,8 @@ def random_codes(n: int, k: int, gen: torch.Generator, zero_fraction: float = 0.
 def _other_tensors(config: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
     h, v = config["hidden_size"], config["vocab_size"]
     out = {"model.embed_tokens.weight": torch.randn(v, h, generator=gen) * 0.02,
-           "model.norm.weight": torch.ones(h), "lm_head.weight": torch.randn(v, h, generator=gen) * 0.02}
+           "model.norm.weight": torch.ones(h),
+           "lm_head.weight": torch.randn(v, h, generator=gen) * 0.02}
     for i in range(config["num_hidden_layers"]):
         out[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(h)
         out[f"model.layers.{i}.post_attention_layernorm.weight"] = torch.ones(h)

@@ -176,7 +176,8 @@ def _group(files, st, scale, n, k, state, problems) -> tuple[torch.Tensor, int, 
     return scale[:, starts].contiguous(), g, why
 
 
-def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> m.TernaryModule | None:
+def read(files: ModelFiles, name: str, state: dict,
+         problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
     ok = m.require(files, wt, "int8 [N, K] weight", problems)
@@ -216,5 +217,6 @@ def read(files: ModelFiles, name: str, state: dict, problems: list[Problem]) -> 
                            codes_=lut[raw.to(torch.int64)],
                            info={"stored": f"I8 {shape}",
                                  "packing": f"1 code/byte, {state['code_map']}",
-                                 "scale": f"{'group' if g else 'channel'} x, F32 {list(scale.shape)}",
+                                 "scale": f"{'group' if g else 'channel'} x, "
+                                 f"F32 {list(scale.shape)}",
                                  "group_size": g or None, "note": why})

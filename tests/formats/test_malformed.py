@@ -76,7 +76,8 @@ def test_missing_scale(tmp_path, fmt):
 @pytest.mark.parametrize("fmt,tensor,bad,want", [
     ("ternary", "weight", torch.int8, "U8"), ("ternary", "weight_scale", torch.float16, "F32"),
     ("bitnet", "weight", torch.int8, "U8"), ("bitnet", "weight_scale", torch.int32, "BF16"),
-    ("vendor-int8", "weight", torch.uint8, "I8"), ("vendor-int8", "weight_scale", torch.bfloat16, "F32")])
+    ("vendor-int8", "weight", torch.uint8, "I8"),
+    ("vendor-int8", "weight_scale", torch.bfloat16, "F32")])
 def test_wrong_dtype(tmp_path, fmt, tensor, bad, want):
     d = WRITERS[fmt](tmp_path / "m")
     name = f"{UP}.{tensor}"
