@@ -29,6 +29,10 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 _DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
+BUILD_ARGS = ("BASE_IMAGE", "TARGET", "PYTHON_VERSION", "CUDA_VERSION", "TERNARY_ARCH_LIST",
+              "TERNARY_LOCAL_VERSION", "TORCH", "VLLM")
+
+
 class DockerError(RuntimeError):
     """The target cannot be rendered into an image; the message says why and what to do."""
 
@@ -60,7 +64,7 @@ def render_build_args(target: matrix.Target | str) -> dict[str, str]:
         raise DockerError(f"target {target.name!r} is platform {target.platform!r}: "
                           "docker/Dockerfile builds Linux images only (native Windows builds "
                           "with `nox -s build-windows` on a Windows host)")
-    return {
+    args = {
         "BASE_IMAGE": base_image(target),
         "TARGET": target.name,
         "PYTHON_VERSION": target.python,
@@ -70,6 +74,8 @@ def render_build_args(target: matrix.Target | str) -> dict[str, str]:
         "TORCH": target.torch,
         "VLLM": target.vllm or "none",
     }
+    assert tuple(args) == BUILD_ARGS
+    return args
 
 
 def dockerfile_args(path: Path = DOCKERFILE) -> dict[str, str]:
@@ -83,7 +89,7 @@ def dockerfile_args(path: Path = DOCKERFILE) -> dict[str, str]:
 def drift(path: Path = DOCKERFILE) -> list[str]:
     """Differences between the Dockerfile's ARGs and what render_build_args produces."""
     args = dockerfile_args(path)
-    keys = set(render_build_args("h100"))
+    keys = set(BUILD_ARGS)
     problems = [f"{path.name}: ARG {k} has default {v!r}, expected {NOTSET!r} (every value "
                 "comes from envs/targets.toml)" for k, v in args.items() if v != NOTSET]
     problems += [f"{path.name}: ARG {k} is not rendered by ternary/_build/docker.py"
