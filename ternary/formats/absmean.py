@@ -21,11 +21,12 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"quantize() takes a floating-point [N, K] weight; got "
                          f"{weight.dtype} {list(weight.shape)}")
     w = weight.detach().to(torch.float64)
-    if not torch.isfinite(w).all():
+    scale = w.abs().mean(dim=1)
+    # a float64 mean of |float32| cannot overflow, so a non-finite mean means a NaN/inf input
+    if not torch.isfinite(scale).all():
         bad = (~torch.isfinite(w)).nonzero()[0].tolist()
         raise ValueError(f"quantize() got a non-finite weight (first at [row, col] = {bad}); "
                          "fix the source checkpoint")
-    scale = w.abs().mean(dim=1)
     zero = scale.to(torch.float32) == 0
     scale = torch.where(zero, torch.full_like(scale, ZERO_ROW_SCALE), scale)
     codes = torch.round(w / scale[:, None]).clamp_(-1, 1)

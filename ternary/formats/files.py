@@ -152,6 +152,9 @@ class ModelFiles:
 
         shard = self._where[name]
         if shard not in self._open:
+            # one shard mapped at a time: pages of a memory map count as resident, and a
+            # stream over a large model would otherwise keep every shard it read mapped
+            self._open.clear()
             self._open[shard] = safe_open(str(shard), framework="pt")
         return self._open[shard].get_tensor(name)
 
