@@ -105,3 +105,12 @@ def test_failing_nvcc(tmp_path):
 def test_no_host_compiler():
     with pytest.raises(checks.ToolchainError, match="no host C\\+\\+ compiler"):
         checks.gcc_version("no-such-c++-compiler")
+
+
+def test_unreadable_host_compiler_version(tmp_path):
+    cxx = tmp_path / "weird-c++"
+    cxx.write_text("#!/bin/sh\necho banana\n")
+    cxx.chmod(cxx.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(checks.ToolchainError, match=r"cannot read the version of .*weird-c\+\+ "
+                                                    r"\(-dumpversion said 'banana'\)"):
+        checks.gcc_version(str(cxx))
