@@ -34,8 +34,10 @@ def encode(codes: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
-    state = {"scale": qc.get("scale"), "group_size": qc.get("group_size") or 0}
-    if qc.get("version") != VERSION:
+    # absent keys read as version 1 / per-channel scale, as the vLLM plugin (ternary.vllm.spec)
+    # reads them, so both accept the same checkpoints
+    state = {"scale": qc.get("scale", "channel"), "group_size": qc.get("group_size") or 0}
+    if qc.get("version", VERSION) != VERSION:
         problems.append(m.problem(files, None, f"quantization_config.version is "
                                   f"{qc.get('version')!r}; this reader knows version {VERSION}",
                                   "upgrade vllm-ternary or re-convert the model"))
