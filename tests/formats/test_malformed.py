@@ -317,3 +317,10 @@ def test_shard_writer_refuses_duplicates(tmp_path):
     w.add("b", torch.ones(40))
     with pytest.raises(ValueError, match="tensor 'a' written twice"):
         w.add("a", torch.ones(1))
+
+
+def test_canonical_config_defaults(tmp_path):
+    # version and scale may be left out: they read as 1 and "channel" (as ternary.vllm.spec)
+    d = T.write_canonical(tmp_path / "m")
+    T.edit_config(d, quantization_config={"quant_method": "ternary"})
+    assert dequantize(d, UP).shape == (64, 32)
