@@ -85,11 +85,12 @@ def _extension_kwargs() -> dict:
     # Paths of this checkout and of the environment must not leak into the binary
     # (reproducible builds from any directory).
     prefix_maps = [f"-ffile-prefix-map={ROOT}=.", f"-ffile-prefix-map={sys.prefix}=/venv"]
+    # No -std here: torch's BuildExtension adds the standard its headers need (C++17 up to
+    # torch 2.9, C++20 from 2.10 on).
     if os.name == "nt":
-        cxx = ["/O2", "/std:c++17"]
-        nvcc_host = ["-Xcompiler", "/std:c++17"]
+        cxx, nvcc_host = ["/O2"], []
     else:
-        cxx = ["-O3", "-g0", "-std=c++17", *prefix_maps]
+        cxx = ["-O3", "-g0", *prefix_maps]
         nvcc_host = [f"-Xcompiler={m}" for m in prefix_maps]
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c[pu]*"))
     ext = CUDAExtension(
@@ -98,7 +99,7 @@ def _extension_kwargs() -> dict:
         include_dirs=[str(ROOT / "csrc"), str(gen)],
         extra_compile_args={
             "cxx": cxx,
-            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *nvcc_host,
+            "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo", *nvcc_host,
                      *os.environ.get("TERNARY_NVCC_FLAGS", "").split()],
         },
     )

@@ -2,7 +2,7 @@
 toolchain, refusals, compile, SASS check, wheel, report. Standard library only (it runs in
 the noxfile's own interpreter); torch is asked about through the target environment's python.
 
-Runnable without nox too: `python -m ternary._build build h100 --toolchain deb`.
+Runnable without nox too: `python -m ternary._build.pipeline build h100 --toolchain deb`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     pre = checks.preflight(cuda_home=tc.cuda_home, torch_cuda=facts["torch_cuda"],
                            arch_list=target.arch_list,
                            allow_cuda_minor_mismatch=opts.allow_cuda_minor_mismatch)
-    if pre["minor_mismatch"] != "no":
+    if pre["minor_mismatch"] != "no" and not tc.minor_mismatch:
         notes.append(f"CUDA {pre['nvcc_version']} compiles for torch built with CUDA "
                      f"{facts['torch_cuda']} (--allow-cuda-minor-mismatch)")
 
