@@ -107,7 +107,11 @@ def reference_model(model_dir: Path, dtype: torch.dtype):
     config = AutoConfig.from_pretrained(model_dir)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    import transformers
+
+    # transformers 5 renamed torch_dtype to dtype (4.45/4.46 pin the old name)
+    key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = AutoModelForCausalLM.from_config(config, **{key: dtype})
     state = dense_state_dict(model_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "rotary_emb" not in m]

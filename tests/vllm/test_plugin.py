@@ -1,0 +1,147 @@
+"""Registration, config resolution, create_weights and apply against the installed vLLM."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
+
+from ternary import ops  # noqa: E402
+from ternary.vllm.spec import QuantSpec, TernaryConfigError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def registered():
+    from ternary.vllm.register import register
+
+    register()
+    from ternary.vllm.config import TernaryConfig
+
+    return TernaryConfig
+
+
+def test_register_is_idempotent_and_resolvable(registered):
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    from ternary.vllm.register import register
+
+    assert register() == "already"
+    assert get_quantization_config("ternary") is registered
+
+
+def test_entry_point_is_declared():
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert any(ep.value == "ternary.vllm_plugin:register" for ep in eps)
+
+
+def test_from_config_and_override(registered):
+    cfg = registered.from_config({"quant_method": "bitnet", "linear_class": "bitlinear"})
+    assert cfg.get_name() == "ternary" and cfg.spec.format == "bitnet"
+
+    class Llama:
+        model_type = "llama"
+
+    class BitNet:
+        model_type = "bitnet"
+
+    assert registered.override_quantization_method({"quant_method": "bitnet"}, None, Llama()) == "ternary"
+    assert registered.override_quantization_method({"quant_method": "ternary"}, None, Llama()) is None
+    assert registered.override_quantization_method({"quant_method": "bitnet"}, "fp8", Llama()) is None
+    with pytest.raises(TernaryConfigError, match="model_type='bitnet'"):
+        registered.override_quantization_method({"quant_method": "bitnet"}, None, BitNet())
+    with pytest.raises(TernaryConfigError, match="quant_method='awq'"):
+        registered.from_config({"quant_method": "awq"})
+
+
+def _init_single_rank():
+    """vLLM's layers ask the tensor-parallel group for their rank: one gloo rank."""
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        return
+    import os
+
+    from ternary.smoke import free_port
+
+    os.environ.setdefault("VLLM_DIST_IDENT", f"ternary-test-{os.getpid()}")
+    ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+    ps.ensure_model_parallel_initialized(1, 1)
+
+
+def test_get_quant_method_skips_and_lm_head(registered):
+    from vllm.model_executor.layers.linear import ReplicatedLinear, UnquantizedLinearMethod
+
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    try:
+        from vllm.config import VllmConfig, set_current_vllm_config
+        ctx = set_current_vllm_config(VllmConfig())
+    except ImportError:
+        import contextlib
+        ctx = contextlib.nullcontext()
+    with ctx:
+        _init_single_rank()
+        cfg = registered(QuantSpec("ternary", "channel", None, ("mlp.down_proj",)))
+        kept = ReplicatedLinear(8, 8, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.down_proj")
+        quant = ReplicatedLinear(8, 8, bias=False, quant_config=cfg, prefix="model.layers.0.mlp.up_proj")
+    assert isinstance(kept.quant_method, UnquantizedLinearMethod)
+    assert isinstance(quant.quant_method, TernaryLinearMethod)
+    assert cfg.get_quant_method(torch.nn.Embedding(4, 4), "lm_head") is None
+
+
+def _copy_loader(param, loaded, shard_id=None):
+    param.data.copy_(loaded)
+
+
+@pytest.mark.parametrize("scale", ["channel", "tensor", "group"])
+def test_create_weights_and_apply(scale):
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    n, k, gs = 8, 64, 16
+    spec = QuantSpec("ternary", scale, gs if scale == "group" else None, ())
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = n, "model.layers.0.mlp.up_proj"
+    method = TernaryLinearMethod(spec)
+    method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+    assert layer.weight.dtype == torch.uint8 and list(layer.weight.shape) == [n, k // 4]
+    assert (layer.weight.input_dim, layer.weight.output_dim, layer.weight.packed_dim) == (1, 0, 1)
+    assert layer.weight.pack_factor == layer.weight.packed_factor == 4
+    want_scale = [n, k // gs] if scale == "group" else [n]
+    assert list(layer.weight_scale.shape) == want_scale
+
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    stored = {"channel": torch.rand(n, generator=g) + 0.5, "tensor": torch.tensor([0.75]),
+              "group": torch.rand(n, k // gs, generator=g) + 0.5}[scale]
+    layer.weight.weight_loader(layer.weight, ops.pack(codes))
+    layer.weight_scale.weight_loader(layer.weight_scale, stored)
+    method.process_weights_after_loading(layer)
+    x = torch.randn(5, k, generator=g)
+    dense = ops.dequantize(ops.pack(codes), stored if scale != "tensor" else stored.expand(n).contiguous(),
+                           gs if scale == "group" else 0)
+    torch.testing.assert_close(method.apply(layer, x), x @ dense.t())
+
+
+def test_dense_checkpoint_weight_is_refused():
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = 8, "model.layers.0.mlp.up_proj"
+    TernaryLinearMethod(QuantSpec("ternary", "channel", None, ())).create_weights(
+        layer, 16, [8], 16, 8, torch.float32, weight_loader=_copy_loader)
+    with pytest.raises(TernaryConfigError, match=r"model.layers.0.mlp.up_proj.weight: .*uint8.*float32"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(8, 16))
+
+
+def test_k_not_multiple_of_4_is_refused_before_loading():
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    layer = torch.nn.Module()
+    layer.prefix = "model.layers.0.mlp.down_proj"
+    with pytest.raises(TernaryConfigError, match=r"down_proj: K per rank = 6 \(K=12, tensor parallel 2\)"):
+        TernaryLinearMethod(QuantSpec("ternary", "channel", None, ())).create_weights(
+            layer, 6, [8], 12, 8, torch.float32, weight_loader=_copy_loader)

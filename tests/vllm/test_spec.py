@@ -1,0 +1,116 @@
+"""quantization_config parsing, module skipping and the per-shard load adapters: no vLLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary import ops
+from ternary.vllm import loading
+from ternary.vllm.spec import QuantSpec, TernaryConfigError, claims_bitnet, is_skipped, module_matches, parse
+
+
+def test_parse_canonical_defaults():
+    s = parse({"quant_method": "ternary", "version": 1})
+    assert (s.format, s.scale, s.group_size, s.kernel_group_size) == ("ternary", "channel", None, 0)
+
+
+def test_parse_group_and_bitnet():
+    s = parse({"quant_method": "ternary", "scale": "group", "group_size": 64,
+               "modules_to_not_convert": ["lm_head"]})
+    assert s.kernel_group_size == 64 and s.modules_to_not_convert == ("lm_head",)
+    b = parse({"quant_method": "bitnet", "linear_class": "autobitlinear"})
+    assert (b.format, b.scale, b.bitnet_linear_class) == ("bitnet", "tensor", "autobitlinear")
+
+
+@pytest.mark.parametrize("cfg, words", [
+    ({"quant_method": "gptq"}, "quant_method='gptq'"),
+    ({"quant_method": "ternary", "version": 2}, "version 2"),
+    ({"quant_method": "ternary", "scale": "row"}, "scale='row'"),
+    ({"quant_method": "ternary", "scale": "group"}, "group_size"),
+    ({"quant_method": "ternary", "scale": "group", "group_size": 0}, "group_size, got 0"),
+    ({"quant_method": "ternary", "scale": "channel", "group_size": 32}, "group_size=32"),
+    ({"quant_method": "bitnet", "quantization_mode": "online"}, "'online'"),
+    ({"quant_method": "bitnet", "linear_class": "dense"}, "linear_class='dense'"),
+])
+def test_parse_refusals(cfg, words):
+    with pytest.raises(TernaryConfigError, match="quantization_config") as e:
+        parse(cfg)
+    assert words in str(e.value)
+
+
+def test_claims_bitnet_only_for_llama():
+    assert claims_bitnet({"quant_method": "bitnet"}, "llama")
+    assert claims_bitnet({"quant_method": "bitnet"}, None)
+    assert not claims_bitnet({"quant_method": "ternary"}, "llama")
+    with pytest.raises(TernaryConfigError, match="model_type='bitnet'"):
+        claims_bitnet({"quant_method": "bitnet"}, "bitnet")
+
+
+def test_module_matches_whole_names_only():
+    assert module_matches("lm_head", "lm_head")
+    assert module_matches("model.layers.3.self_attn.o_proj", "self_attn.o_proj")
+    assert not module_matches("model.layers.3.self_attn.o_proj", "proj")
+    assert not module_matches("model.layers.13.mlp.down_proj", "layers.1")
+
+
+def test_is_skipped_fused_all_or_none():
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    p = "model.layers.0.self_attn.qkv_proj"
+    assert not is_skipped(p, ("lm_head",), packed)
+    assert is_skipped(p, ("q_proj", "k_proj", "v_proj"), packed)
+    assert is_skipped("model.layers.0.mlp.down_proj", ("mlp.down_proj",), packed)
+    with pytest.raises(TernaryConfigError, match=r"lists \['model.layers.0.self_attn.q_proj'\] but not"):
+        is_skipped(p, ("q_proj",), packed)
+
+
+def _codes(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+
+
+def test_bitnet_to_canonical_matches_definition():
+    from ternary.tiny import _bitnet_pack
+
+    codes = _codes(12, 16)
+    packed = _bitnet_pack(codes)  # [3, 16]
+    # the DESIGN.md definition, element by element
+    r = packed.shape[0]
+    for n in range(12):
+        i, row = divmod(n, r)
+        assert torch.equal(((packed[row] >> (2 * i)) & 3).to(torch.int8) - 1, codes[n])
+    assert torch.equal(ops.unpack(loading.bitnet_to_canonical(packed, 12, "w")), codes)
+
+
+@pytest.mark.parametrize("packed, n, words", [
+    (torch.zeros(3, 16, dtype=torch.int8), 12, "must be uint8"),
+    (torch.zeros(3, 16, dtype=torch.uint8), 16, "3 byte rows but the model's layer has N=16"),
+    (torch.zeros(3, 18, dtype=torch.uint8), 12, "K=18 inputs is not a multiple of 4"),
+    (torch.full((3, 16), 0xFF, dtype=torch.uint8), 12, "invalid 2-bit code 3"),
+])
+def test_bitnet_to_canonical_refusals(packed, n, words):
+    with pytest.raises(TernaryConfigError, match="layers.0.q_proj.weight") as e:
+        loading.bitnet_to_canonical(packed, n, "layers.0.q_proj.weight")
+    assert words in str(e.value)
+
+
+def test_per_channel_scale_expansions():
+    tensor = QuantSpec("ternary", "tensor", None, ())
+    assert torch.equal(loading.per_channel_scale(torch.tensor([2.0]), 3, tensor, "s"),
+                       torch.full((3,), 2.0))
+    bitlinear = QuantSpec("bitnet", "tensor", None, (), "bitlinear")
+    auto = QuantSpec("bitnet", "tensor", None, (), "autobitlinear")
+    s = torch.tensor([4.0], dtype=torch.bfloat16)
+    assert torch.equal(loading.per_channel_scale(s, 2, bitlinear, "s"), torch.full((2,), 0.25))
+    assert torch.equal(loading.per_channel_scale(s, 2, auto, "s"), torch.full((2,), 4.0))
+
+
+@pytest.mark.parametrize("spec, scale, words", [
+    (QuantSpec("ternary", "tensor", None, ()), torch.ones(3), "needs one value"),
+    (QuantSpec("bitnet", "tensor", None, (), "bitlinear"), torch.zeros(1), "weight_scale is 0"),
+    (QuantSpec("ternary", "channel", None, ()), torch.ones(2), "needs float32 [N]=[3]"),
+])
+def test_per_channel_scale_refusals(spec, scale, words):
+    with pytest.raises(TernaryConfigError, match="q_proj.weight_scale") as e:
+        loading.per_channel_scale(scale, 3, spec, "q_proj.weight_scale")
+    assert words in str(e.value)
