@@ -130,20 +130,21 @@ def probe_plugin() -> str:
 
 
 def probe_kernel() -> str:
-    """The kernel path ternary.kernels picks for GPU 0; raises ImportError where that
-    module does not exist yet and its own error (every reason) when nothing fits."""
+    """The kernel ternary.kernels' policy picks for a typical layer (4096 x 4096, bf16 on a
+    GPU, per-channel scale) on GPU 0; raises ImportError where that module is absent and the
+    chooser's own error (every kernel's reason) when nothing fits."""
     import importlib
 
-    kernels = importlib.import_module("ternary.kernels")
-    for name in ("describe", "choose", "choose_kernel", "select"):
-        fn = getattr(kernels, name, None)
-        if fn is not None:
-            import torch
+    import torch
 
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-            chosen = fn(device)
-            return getattr(chosen, "name", None) or str(chosen)
-    raise ImportError("ternary.kernels has no describe/choose function")
+    kernels = importlib.import_module("ternary.kernels")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    platform = kernels.detect_platform(device)
+    chosen = kernels.choose(platform, n=4096, k=4096, group_size=0, device=device,
+                            dtype=torch.bfloat16 if cuda else torch.float32)
+    name = getattr(chosen, "name", None) or type(chosen).__name__
+    return f"{name} on this {platform.label} machine (4096x4096 layer, TERNARY_KERNEL overrides)"
 
 
 def probe_wsl() -> bool:
@@ -354,9 +355,10 @@ def check_vllm(p: Probes) -> list[Check]:
 def check_kernel(p: Probes) -> Check:
     try:
         path = p.kernel()
-    except ImportError as e:
-        return Check("kernel path", WARN, f"ternary.kernels unavailable ({e}): the PyTorch "
-                     "reference runs", "install a vllm-ternary with ternary.kernels")
+    except (ImportError, AttributeError, TypeError) as e:  # absent, or an older policy API
+        return Check("kernel path", WARN, f"ternary.kernels unavailable ({type(e).__name__}: "
+                     f"{e}): the PyTorch reference runs",
+                     "install a vllm-ternary whose ternary.kernels has detect_platform/choose")
     except Exception as e:  # noqa: BLE001 - the chooser's error lists every reason
         return Check("kernel path", FAIL, f"no kernel fits: {e}",
                      "TERNARY_KERNEL=reference forces the reference path")

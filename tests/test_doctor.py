@@ -245,3 +245,11 @@ def test_real_probes_run_on_this_machine():
     checks = doctor.run_checks()
     assert {c.verdict for c in checks} <= {OK, WARN, FAIL}
     assert all(c.fix for c in checks if c.verdict != OK)
+
+
+def test_kernel_policy_with_another_api_warns():
+    def old_api():
+        raise AttributeError("module 'ternary.kernels' has no attribute 'detect_platform'")
+
+    c = by_name(doctor.run_checks(gpu_probes(kernel=old_api)))["kernel path"]
+    assert c.verdict == WARN and "detect_platform" in c.detail
