@@ -56,6 +56,17 @@ for _name in TARGETS:
     _target_sessions(_name)
 
 
+@nox.session(venv_backend="none", default=False)
+def setup(session: nox.Session) -> None:
+    """Fresh-machine set-up: the cpu test environment and the pinned toolchains CI builds with."""
+    from ternary._build import toolchains
+
+    envs.ensure(TARGETS["cpu"])
+    for name in ("h100", "current"):
+        tc = toolchains.resolve(TARGETS[name], "auto")
+        session.log(f"{name}: {tc.provider} CUDA {tc.nvcc_version} at {tc.cuda_home}")
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The CPU test suite in the cpu target's locked environment (README's test command)."""

@@ -21,7 +21,13 @@ def _list(cuobjdump: Path, lib: Path, flag: str, pattern: re.Pattern) -> list[st
     text = proc.stdout + proc.stderr
     if proc.returncode != 0 and "does not contain" not in text:
         raise SassError(f"`{cuobjdump} {flag} {lib}` failed ({proc.returncode}): {text.strip()}")
-    return sorted(set(pattern.findall(text)))
+    return sorted(set(pattern.findall(text)), key=_sm_key)
+
+
+def _sm_key(sm: str) -> tuple[int, str]:
+    """sm_80 < sm_90a < sm_100 (numeric, not string, order)."""
+    digits = sm[3:].rstrip("af")
+    return int(digits), sm[3 + len(digits):]
 
 
 def list_archs(cuobjdump: Path, lib: Path) -> tuple[list[str], list[str]]:
@@ -42,7 +48,7 @@ def check_wheel(cuobjdump: Path, wheel: Path, expected: tuple[str, ...]) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         lib = extension_from_wheel(wheel, Path(tmp))
         sass, ptx = list_archs(cuobjdump, lib)
-    if sorted(sass) != sorted(expected):
+    if set(sass) != set(expected):
         missing = sorted(set(expected) - set(sass))
         extra = sorted(set(sass) - set(expected))
         raise SassError(
