@@ -52,8 +52,35 @@ def _target_sessions(name: str) -> None:
         test.__doc__ = f"Build for {name}, then pytest in its environment (GPU tests where a GPU is)."
 
 
+    if t.platform == "linux" and t.arch_list or t.name == "cpu":
+        @nox.session(name=f"docker-{name}", venv_backend="none", tags=["docker"], default=False)
+        def docker(session: nox.Session) -> None:
+            session.run(sys.executable, "-m", "ternary._build.docker", "build", name,
+                        *session.posargs, external=True)
+
+        docker.__doc__ = f"Render targets.toml into build args and build docker/Dockerfile for {name}."
+    if t.wsl:
+        @nox.session(name=f"wsl-{name}", venv_backend="none", tags=["wsl"], default=False)
+        def wsl(session: nox.Session) -> None:
+            wheels = sorted((REPO / "dist").glob(f"vllm_ternary-*+{t.local_version}-*.whl"))
+            if not wheels:
+                session.error(f"no wheel for {name} in dist/: run `nox -s build-{name}` first")
+            session.run(sys.executable, "-m", "ternary._build.wsl", "build", name, str(wheels[-1]),
+                        str(REPO / "dist" / f"vllm-ternary-{name}.tar.gz"), *session.posargs,
+                        external=True)
+
+        wsl.__doc__ = f"Build the WSL2 distribution tarball for {name} (needs root and the wheel)."
+
+
 for _name in TARGETS:
     _target_sessions(_name)
+
+
+@nox.session(name="ci-matrix", venv_backend="none", default=False)
+def ci_matrix(session: nox.Session) -> None:
+    """Print the CI matrix from targets.toml and regenerate ci/ (workflow, matrix.json)."""
+    session.run(sys.executable, "-m", "ternary._build.ci_matrix", "write", external=True)
+    session.run(sys.executable, "-m", "ternary._build.ci_matrix", "json", external=True)
 
 
 @nox.session(venv_backend="none", default=False)
@@ -81,9 +108,15 @@ def tests(session: nox.Session) -> None:
 @nox.session(venv_backend="none", default=False)
 def lock(session: nox.Session) -> None:
     """Regenerate every generated file of envs/ from targets.toml (pip locks, toolchain locks)."""
+    from ternary._build import ci_matrix, conda_env
+
     envs.lock_dev()
     for t in TARGETS.values():
         envs.lock(t)
+        conda_env.write_environment_files(t)
+    for t in TARGETS.values():
+        conda_env.conda_lock(t)
+    ci_matrix.write()
     from ternary._build.toolchains import wheels
 
     for version in sorted({t.cuda.version for t in TARGETS.values() if t.cuda}):
