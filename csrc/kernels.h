@@ -25,4 +25,15 @@ cudaError_t launch_gemm(const void* x, int64_t ldx, const uint8_t* packed, const
                         const void* bias, void* y, DType dtype, int64_t m, int64_t n, int64_t k,
                         int64_t group_size, bool per_tensor, cudaStream_t stream);
 
+// Fused path (fused.cu). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout that file
+// describes; launch_repack writes it from the canonical packed [n, k/4].
+cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,
+                          cudaStream_t stream);
+// y[m, n] = x @ W^T (+ bias) straight from the repacked codes; dtype half or bfloat16;
+// group_size 0 (channel/tensor scale) or a multiple of 64. num_sms sizes the grid.
+cudaError_t launch_gemm_fused(const void* x, int64_t ldx, const uint8_t* repacked,
+                              const float* scale, const void* bias, void* y, DType dtype,
+                              int64_t m, int64_t n, int64_t k, int64_t group_size,
+                              bool per_tensor, int num_sms, cudaStream_t stream);
+
 }  // namespace ternary

@@ -139,6 +139,72 @@ at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Te
   return y.view(out_shape);
 }
 
+at::Tensor repack_cuda(const at::Tensor& packed) {
+  check_packed(packed);
+  const c10::cuda::CUDAGuard guard(packed.device());
+  const at::Tensor p = packed.contiguous();
+  const int64_t n = p.size(0), k = p.size(1) * 4;
+  at::Tensor out = at::empty({(n + 31) / 32, (k + 63) / 64, 512}, p.options());
+  check_cuda(launch_repack(p.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k,
+                           at::cuda::getCurrentCUDAStream()),
+             "repack");
+  return out;
+}
+
+at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, const at::Tensor& scale,
+                           int64_t group_size, int64_t n, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension; got ", x.sizes());
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(n >= 0, "n (output features) must be >= 0; got ", n);
+  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
+                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
+                  repacked.size(2) == 512,
+              "repacked must be uint8 [ceil(n/32), ceil(K/64), 512] = [", (n + 31) / 32, ", ",
+              (k + 63) / 64, ", 512] for n=", n, " and x's K=", k, "; got ",
+              repacked.scalar_type(), " ", repacked.sizes(), ". Make it with ternary::repack");
+  TORCH_CHECK(repacked.is_cuda() && repacked.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16 == 0,
+              "repacked must be a contiguous CUDA tensor aligned to 16 bytes; got device ",
+              repacked.device(), ", contiguous ", repacked.is_contiguous(), ", address % 16 = ",
+              reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16);
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              "gemm_fused takes float16 or bfloat16 activations; got x ", x.scalar_type(),
+              " (use ternary::gemm or the cublas kernel for other dtypes)");
+  TORCH_CHECK(group_size % 64 == 0,
+              "gemm_fused needs group_size 0 or a multiple of 64; got ", group_size,
+              " (use ternary::gemm or the cublas kernel for this checkpoint)");
+  const bool per_tensor = check_scale(scale, n, k, group_size);
+  TORCH_CHECK(x.device() == repacked.device() && scale.device() == repacked.device(),
+              "x, repacked and scale must be on one device; got ", x.device(), ", ",
+              repacked.device(), ", ", scale.device());
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
+                    bias->device() == x.device(),
+                "bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ", x.device(),
+                "; got ", bias->scalar_type(), " ", bias->sizes(), " on ", bias->device());
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor x2 = x.reshape({-1, k});
+  if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
+  const int64_t m = x2.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(n);
+  if (k == 0) {
+    at::Tensor y = at::zeros(out_shape, x.options());
+    return bias ? y.add_(*bias) : y;
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  const at::Tensor s = scale.contiguous();
+  const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  check_cuda(launch_gemm_fused(x2.data_ptr(), x2.stride(0), repacked.data_ptr<uint8_t>(),
+                               s.data_ptr<float>(), bias ? b.data_ptr() : nullptr, y.data_ptr(),
+                               dtype_of(x, "x"), m, n, k, group_size, per_tensor, num_sms,
+                               at::cuda::getCurrentCUDAStream()),
+             "gemm_fused");
+  return y.view(out_shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -146,6 +212,8 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("unpack", &unpack_cuda);
   m.impl("dequantize", &dequantize_cuda);
   m.impl("gemm", &gemm_cuda);
+  m.impl("repack", &repack_cuda);
+  m.impl("gemm_fused", &gemm_fused_cuda);
 }
 
 }  // namespace ternary

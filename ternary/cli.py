@@ -12,6 +12,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "build-info": ("build_info", "what the installed ternary._C was built with"),
     "targets": ("targets", "the target matrix of envs/targets.toml"),
+    "bench": ("bench", "time the gemm kernels against cuBLAS bf16 and gemlite (GPU)"),
     "make-tiny": ("make_tiny", "write a tiny deterministic ternary Llama model"),
     "validate": ("validate", "compare vLLM with a transformers reference on a model"),
     "serve": ("serve", "vLLM's OpenAI server with the ternary method registered first"),

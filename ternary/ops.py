@@ -22,8 +22,17 @@ LIB.define("pack(Tensor codes) -> Tensor")
 LIB.define("unpack(Tensor packed) -> Tensor")
 LIB.define("dequantize(Tensor packed, Tensor scale, int group_size, ScalarType dtype) -> Tensor")
 LIB.define("gemm(Tensor x, Tensor packed, Tensor scale, int group_size, Tensor? bias) -> Tensor")
+# The fused kernel's own weight layout (csrc/fused.cu explains it), made once at load time.
+LIB.define("repack(Tensor packed) -> Tensor")
+LIB.define("unrepack(Tensor repacked, int n, int k) -> Tensor")
+LIB.define("gemm_fused(Tensor x, Tensor repacked, Tensor scale, int group_size, int n, "
+           "Tensor? bias) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
+# K tile, so a group must cover whole tiles.
+FUSED_DTYPES = (torch.float16, torch.bfloat16)
+FUSED_TILE_N, FUSED_TILE_K, FUSED_TILE_BYTES = 32, 64, 512
 
 _register_fake = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
 
@@ -82,6 +91,50 @@ def check_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group
     return n, k
 
 
+def repacked_shape(n: int, k: int) -> list[int]:
+    """Shape of ternary::repack's output for an [N, K] weight."""
+    return [-(-n // FUSED_TILE_N), -(-k // FUSED_TILE_K), FUSED_TILE_BYTES]
+
+
+def check_repacked(repacked: torch.Tensor, n: int, k: int) -> None:
+    if n < 0 or k < 0 or k % 4:
+        raise ValueError(f"n={n} and k={k} must be >= 0 and k a multiple of 4 (the packed format)")
+    want = repacked_shape(n, k)
+    if repacked.dtype != torch.uint8 or list(repacked.shape) != want:
+        raise ValueError(
+            f"repacked must be uint8 {want} (ceil(n/32), ceil(K/64), 512) for n={n}, K={k}; got "
+            f"{repacked.dtype} {list(repacked.shape)}. Make it with ternary.ops.repack(packed)"
+        )
+
+
+def check_gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor,
+                     group_size: int, n: int, bias: torch.Tensor | None) -> int:
+    """Returns K. The same contract on every device, so the reference refuses what the
+    kernel refuses."""
+    if x.dim() < 1:
+        raise ValueError(f"x must have at least one dimension; got {list(x.shape)}")
+    k = x.shape[-1]
+    check_repacked(repacked, n, k)
+    if x.dtype not in FUSED_DTYPES:
+        raise ValueError(
+            f"gemm_fused takes {FUSED_DTYPES} activations; got x {x.dtype} "
+            "(use ternary.ops.gemm or TERNARY_KERNEL=cublas for other dtypes)"
+        )
+    if group_size % FUSED_TILE_K:
+        raise ValueError(
+            f"gemm_fused needs group_size 0 or a multiple of {FUSED_TILE_K}; got {group_size} "
+            "(use ternary.ops.gemm or TERNARY_KERNEL=cublas for this checkpoint)"
+        )
+    check_scale(scale, n, k, group_size)
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [N]={[n]} of x's dtype {x.dtype}; got "
+                         f"{bias.dtype} {list(bias.shape)}")
+    for t, name in ((repacked, "repacked"), (scale, "scale"), (bias, "bias")):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    return k
+
+
 # ---------------------------------------------------------------------------------------
 # Reference implementation (every device).
 
@@ -129,10 +182,52 @@ def _gemm_ref(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_
     return y.to(x.dtype)
 
 
+# Index order of the repacked tile (csrc/fused.cu): n = 32 nt + 8 f + g,
+# k = 64 kt + 16 t + 4 w + 2 r + h; bytes ordered [nt, kt, g, t, w, h, f // 2], four codes per
+# byte ordered [f % 2, r], LSB first.
+_CODES_DIMS = "nt f g kt t w r h"
+_TILE_DIMS = "nt kt g t w h f r"
+
+
+def _repack_ref(packed: torch.Tensor) -> torch.Tensor:
+    n, k = check_packed(packed)
+    nt, kt = repacked_shape(n, k)[:2]
+    codes = ((packed.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8,
+                                                    device=packed.device)) & 3).view(n, k)
+    full = torch.ones((nt * FUSED_TILE_N, kt * FUSED_TILE_K), dtype=torch.uint8,
+                      device=packed.device)
+    full[:n, :k] = codes
+    c = full.view(nt, 4, 8, kt, 4, 4, 2, 2)
+    order = [_CODES_DIMS.split().index(d) for d in _TILE_DIMS.split()]
+    c = c.permute(order).reshape(nt, kt, 8, 4, 4, 2, 2, 4)
+    b = c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)
+    return b.reshape(nt, kt, FUSED_TILE_BYTES).contiguous()
+
+
+def _unrepack_ref(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    check_repacked(repacked, n, k)
+    nt, kt = repacked.shape[:2]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=repacked.device)
+    c = ((repacked.unsqueeze(-1) >> shifts) & 3).view(nt, kt, 8, 4, 4, 2, 4, 2)
+    order = [_TILE_DIMS.split().index(d) for d in _CODES_DIMS.split()]
+    codes = c.permute(order).reshape(nt * FUSED_TILE_N, kt * FUSED_TILE_K)[:n, :k]
+    q = codes.reshape(n, k // 4, 4)
+    return (q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)).contiguous()
+
+
+def _gemm_fused_ref(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor,
+                    group_size: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    k = check_gemm_fused(x, repacked, scale, group_size, n, bias)
+    return _gemm_ref(x, _unrepack_ref(repacked, n, k), scale, group_size, bias)
+
+
 LIB.impl("pack", _pack_ref, "CompositeExplicitAutograd")
 LIB.impl("unpack", _unpack_ref, "CompositeExplicitAutograd")
 LIB.impl("dequantize", _dequantize_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm", _gemm_ref, "CompositeExplicitAutograd")
+LIB.impl("repack", _repack_ref, "CompositeExplicitAutograd")
+LIB.impl("unrepack", _unrepack_ref, "CompositeExplicitAutograd")
+LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -165,6 +260,24 @@ def _gemm_fake(x, packed, scale, group_size, bias):
     return x.new_empty((*x.shape[:-1], n))
 
 
+@_register_fake("ternary::repack")
+def _repack_fake(packed):
+    n, k = check_packed(packed)
+    return packed.new_empty(repacked_shape(n, k), dtype=torch.uint8)
+
+
+@_register_fake("ternary::unrepack")
+def _unrepack_fake(repacked, n, k):
+    check_repacked(repacked, n, k)
+    return repacked.new_empty((n, k // 4), dtype=torch.uint8)
+
+
+@_register_fake("ternary::gemm_fused")
+def _gemm_fused_fake(x, repacked, scale, group_size, n, bias):
+    check_gemm_fused(x, repacked, scale, group_size, n, bias)
+    return x.new_empty((*x.shape[:-1], n))
+
+
 # Load the compiled CUDA kernels (if built) after the schemas exist.
 _ext.load()
 
@@ -193,3 +306,20 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size:
          bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias) for the dense weight W that packed and scale define."""
     return torch.ops.ternary.gemm(x, packed, scale, group_size, bias)
+
+
+def repack(packed: torch.Tensor) -> torch.Tensor:
+    """Canonical packed uint8 [N, K/4] -> the fused kernel's layout [ceil(N/32), ceil(K/64), 512]."""
+    return torch.ops.ternary.repack(packed)
+
+
+def unrepack(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of repack: the canonical packed uint8 [N, K/4] of an [N, K] weight."""
+    return torch.ops.ternary.unrepack(repacked, n, k)
+
+
+def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, group_size: int,
+               n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """gemm on a repacked weight of n output features: float16/bfloat16 x, group_size 0 or a
+    multiple of 64."""
+    return torch.ops.ternary.gemm_fused(x, repacked, scale, group_size, n, bias)

@@ -1,0 +1,266 @@
+"""Times the ternary gemm kernels against cuBLAS bf16 on the dense weight and gemlite's
+A16W158 kernel, the way DESIGN.md's anchors were measured: CUDA graphs (launch gaps out of
+the numbers), weights rotated past L2 (each timed call reads its weight from HBM), random
+data, median of repeated replays. Used by bench/bench_gemm.py and `ternary bench`.
+
+The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
+over the copy bandwidth measured in the same run; "floor %" is that floor over the fused time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
+M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
+METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "gemlite")
+
+
+@dataclass
+class Row:
+    k: int
+    n: int
+    m: int
+    us: dict[str, float | None] = field(default_factory=dict)
+    auto_kernel: str = ""
+    floor_bw_us: float = 0.0
+    floor_compute_us: float = 0.0
+
+
+def measure_copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
+    """Bytes read plus bytes written per second of a large device-to-device copy."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * nbytes / statistics.median(times)
+
+
+def measure_bf16_flops(device, size: int = 8192) -> float:
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        a @ b
+    e.record()
+    e.synchronize()
+    return 2 * size**3 * 10 / (s.elapsed_time(e) / 1e3)
+
+
+def time_rotated(calls, replays: int = 20) -> float:
+    """Median microseconds of one call: a CUDA graph runs every call once (each on its own
+    weight copy), replayed `replays` times."""
+    for c in calls:  # warm-up outside capture (autotuners, lazy init)
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(replays):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def _copies(bytes_per_copy: int, l2_bytes: int) -> int:
+    return max(2, min(32, math.ceil(3 * l2_bytes / max(bytes_per_copy, 1))))
+
+
+def _gemlite_layers(codes_list, scale_value: float, dtype):
+    from gemlite.helper import A16W158_INT
+
+    layers = []
+    for c in codes_list:
+        # from_weights builds its scales with a bare torch.ones (CPU unless told otherwise)
+        with torch.device(c.device):
+            layers.append(A16W158_INT(device=str(c.device), dtype=dtype).from_weights(
+                weight=c.to(dtype), weight_scale=torch.tensor(scale_value)))
+    return layers
+
+
+def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = True,
+        replays: int = 20, progress: bool = True, partial_json: str | None = None) -> dict:
+    """Times every (shape, M); with partial_json, rewrites that file after each row so a run
+    cut short still leaves its numbers."""
+    from ternary import kernels, ops
+
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    l2 = props.L2_cache_size
+    bw = measure_copy_bandwidth(device)
+    flops = measure_bf16_flops(device)
+    meta: dict = {
+        "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
+        "copy_bandwidth_Bps": bw, "bf16_mm_flops": flops, "torch": torch.__version__,
+        "dtype": str(dtype), "replays": replays, "gemlite": None, "gemlite_error": None,
+    }
+    if gemlite:
+        try:
+            import gemlite as gl
+
+            meta["gemlite"] = gl.__version__
+        except Exception as e:  # reported in the table, not fatal
+            meta["gemlite_error"] = f"{type(e).__name__}: {e}"
+    rows: list[Row] = []
+    fused = kernels.FusedKernel()
+    platform = kernels.detect_platform()
+
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("benchmark", total=len(shapes) * len(m_values))
+        for k, n in shapes:
+            copies = _copies(k * n // 4, l2)
+            codes = [torch.randint(-1, 2, (n, k), dtype=torch.int8, device=device)
+                     for _ in range(copies)]
+            scales = [torch.rand(n, device=device) + 0.5 for _ in range(copies)]
+            packed = [ops.pack(c) for c in codes]
+            prepared = [fused.prepare(p, s, 0) for p, s in zip(packed, scales)]
+            dense_copies = _copies(2 * k * n, l2)
+            dense = [ops.dequantize(packed[i], scales[i], 0, dtype)
+                     for i in range(dense_copies)]
+            layers, gl_err = None, meta["gemlite_error"]
+            if gemlite and gl_err is None:
+                try:
+                    layers = _gemlite_layers(codes, 1.0, dtype)
+                except Exception as e:
+                    gl_err = meta["gemlite_error"] = f"{type(e).__name__}: {e}"
+            for m in m_values:
+                bar.update(task, description=f"K={k} N={n} M={m}")
+                x = torch.randn(m, k, dtype=dtype, device=device)
+                row = Row(k=k, n=n, m=m)
+                row.floor_bw_us = (k * n / 4 + 2 * m * k + 2 * m * n) / bw * 1e6
+                row.floor_compute_us = 2 * m * n * k / flops * 1e6
+                choice = kernels.choose(platform, m=m, n=n, k=k, dtype=dtype, group_size=0,
+                                        device=device)
+                row.auto_kernel = choice.route(m)
+                auto_prep = [choice.prepare(p, s, 0) for p, s in zip(packed, scales)] \
+                    if choice.name != "fused" else prepared
+                cases = {
+                    "fused": [lambda p=p: ops.gemm_fused(x, p.repacked, p.scale, 0, n)
+                              for p in prepared],
+                    "auto": [lambda p=p: choice.apply(x, p, None) for p in auto_prep],
+                    "cublas_path": [lambda p=p, s=s: torch.mm(
+                        x, ops.dequantize(p, s, 0, dtype).t()) for p, s in zip(packed, scales)],
+                    "cublas_dense": [lambda w=w: torch.mm(x, w.t()) for w in dense],
+                }
+                if layers is not None:
+                    cases["gemlite"] = [lambda lay=lay: lay(x) for lay in layers]
+                for name, calls in cases.items():
+                    try:
+                        row.us[name] = time_rotated(calls, replays)
+                    except Exception as e:
+                        row.us[name] = None
+                        if name == "gemlite":
+                            meta["gemlite_error"] = f"{type(e).__name__}: {e}"
+                        else:
+                            raise
+                rows.append(row)
+                bar.advance(task)
+                if partial_json:
+                    _write_json(partial_json, {"meta": meta, "rows": [asdict(r) for r in rows]})
+            del codes, packed, prepared, dense, layers
+            torch.cuda.empty_cache()
+    return {"meta": meta, "rows": [asdict(r) for r in rows]}
+
+
+def _write_json(path: str, result: dict) -> None:
+    import json
+
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+def render(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    meta = result["meta"]
+    t = Table(title=(f"{meta['device']}: ternary gemm, {meta['dtype']}, CUDA graphs, weights "
+                     f"rotated past L2; copy {meta['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 mm "
+                     f"{meta['bf16_mm_flops'] / 1e12:.0f} TFLOP/s; times in us"))
+    for col in ("K x N", "M", "fused", "auto (kernel)", "cuBLAS bf16", "dequant+mm", "gemlite",
+                "x cuBLAS", "x gemlite", "floor us", "floor %"):
+        t.add_column(col, justify="right")
+
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for r in result["rows"]:
+        us = r["us"]
+        fu, cb, gl, au = us.get("fused"), us.get("cublas_dense"), us.get("gemlite"), us.get("auto")
+        floor = max(r["floor_bw_us"], r["floor_compute_us"])
+        t.add_row(f"{r['k']} x {r['n']}", str(r["m"]), f(fu), f"{f(au)} ({r['auto_kernel']})",
+                  f(cb), f(us.get("cublas_path")), f(gl),
+                  f"{cb / au:.2f}" if cb and au else "-", f"{gl / au:.2f}" if gl and au else "-",
+                  f"{floor:.1f}{'' if r['floor_bw_us'] >= r['floor_compute_us'] else ' (c)'}",
+                  f"{100 * floor / au:.0f}" if au else "-")
+    console = Console(width=160)
+    console.print(t)
+    console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
+                  "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
+    if meta.get("gemlite_error"):
+        console.print(f"gemlite: {meta['gemlite_error']}")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run_cli(p.parse_args(argv))
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--m", type=int, nargs="+", default=list(M_VALUES), help="batch sizes M")
+    p.add_argument("--shapes", nargs="+", default=[f"{k}x{n}" for k, n in SHAPES],
+                   help="weight shapes KxN")
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--no-gemlite", action="store_true", help="skip gemlite")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+
+
+def run_cli(args) -> int:
+    if not torch.cuda.is_available():
+        raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none")
+    shapes = []
+    for s in args.shapes:
+        try:
+            k, n = (int(v) for v in s.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {s!r}") from None
+        shapes.append((k, n))
+    t0 = time.time()
+    result = run(shapes, args.m, getattr(torch, args.dtype), not args.no_gemlite, args.replays,
+                 partial_json=args.json)
+    result["meta"]["wall_s"] = time.time() - t0
+    render(result)
+    if args.json:
+        _write_json(args.json, result)
+    return 0

@@ -1,0 +1,236 @@
+"""Which algorithm computes a ternary linear layer: the policy, kept apart from the ops.
+
+Each kernel class answers `can_implement(platform, n, k, dtype, group_size, device)` with
+(bool, reason), `prepare(packed, scale, group_size)` once at load time (repacking into the
+layout it wants) and `apply(x, prepared, bias)` per call. `choose` walks them in priority
+order, honours TERNARY_KERNEL=fused|cublas|reference, and when nothing fits raises one error
+listing every kernel's reason. The platform is a value (`detect_platform()` reads it), so
+tests can inject WSL2, Windows or a machine without a GPU.
+
+- fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
+  FUSED_MAX_M rows it hands the call to dequantize + cuBLAS, which bench/NOTES.md measured
+  faster there (the weight is read once per call either way; at large M the time is matrix
+  work, where cuBLAS's wgmma kernels beat our mma.sync ones).
+- cublas: dequantize to the activation dtype, then torch.mm with the bias added separately
+  (no addmm: its bias epilogue goes through cublasLt, which the Windows target lacks).
+  Runs without ternary._C too (the reference dequantize serves CUDA tensors).
+- reference: ternary::gemm (the simple CUDA kernel, or PyTorch where ternary._C is absent).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from ternary import _ext, ops
+
+ENV = "TERNARY_KERNEL"
+
+# Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
+# bench/NOTES.md). Applies to every shape of the benchmark.
+FUSED_MAX_M = 256
+
+
+@dataclass(frozen=True)
+class Platform:
+    system: str  # "linux" or "windows"
+    wsl: bool
+    cuda: bool  # a CUDA device is visible
+    capability: tuple[int, int] | None
+    extension: bool  # ternary._C loaded
+    extension_error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return "WSL2" if self.wsl else ("native Windows" if self.system == "windows" else self.system)
+
+
+def _is_wsl() -> bool:
+    try:
+        with open("/proc/version") as fh:
+            return "microsoft" in fh.read().lower()
+    except OSError:
+        return False
+
+
+def detect_platform(device: torch.device | None = None) -> Platform:
+    cuda = torch.cuda.is_available()
+    cap = None
+    if cuda:
+        idx = device.index if device is not None and device.type == "cuda" else None
+        cap = torch.cuda.get_device_capability(idx)
+    err = _ext.load_error()
+    return Platform(
+        system="windows" if os.name == "nt" or sys.platform == "win32" else "linux",
+        wsl=_is_wsl(),
+        cuda=cuda,
+        capability=cap,
+        extension=_ext.load() is not None,
+        extension_error=None if err is None else str(err),
+    )
+
+
+@dataclass
+class Prepared:
+    """What a kernel keeps per layer after load: the weight in its layout, the scale."""
+
+    n: int
+    k: int
+    scale: torch.Tensor
+    group_size: int
+    packed: torch.Tensor | None = None  # canonical [N, K/4]
+    repacked: torch.Tensor | None = None  # fused layout
+
+
+class Kernel:
+    name = ""
+
+    def can_implement(self, platform: Platform, n: int, k: int, dtype: torch.dtype,
+                      group_size: int, device: torch.device) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def prepare(self, packed: torch.Tensor, scale: torch.Tensor, group_size: int) -> Prepared:
+        n, k = ops.check_packed(packed)
+        ops.check_scale(scale, n, k, group_size)
+        return Prepared(n=n, k=k, scale=scale, group_size=group_size, packed=packed)
+
+    def apply(self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None):
+        raise NotImplementedError
+
+    def route(self, m: int) -> str:
+        """The algorithm a call with M rows takes (for reports)."""
+        return self.name
+
+
+def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | None:
+    if device.type != "cuda":
+        return f"{what} runs on CUDA tensors; the weight is on {device}"
+    if not platform.cuda:
+        return f"{what} needs a CUDA GPU; none is visible on this {platform.label} machine"
+    return None
+
+
+class FusedKernel(Kernel):
+    name = "fused"
+    MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with bf16 operands
+
+    def __init__(self, max_m: int = FUSED_MAX_M):
+        self.max_m = max_m
+
+    def can_implement(self, platform, n, k, dtype, group_size, device):
+        why = _needs_cuda(platform, device, "the fused kernel")
+        if why:
+            return False, why
+        if not platform.extension:
+            detail = f" ({platform.extension_error})" if platform.extension_error else ""
+            return False, (f"ternary._C is not loaded on this {platform.label} machine{detail}; "
+                           "build it with `nox -s build-<target>`")
+        if platform.capability is not None and platform.capability < self.MIN_CAPABILITY:
+            return False, (f"the fused kernel needs compute capability >= "
+                           f"{'.'.join(map(str, self.MIN_CAPABILITY))}; this GPU has "
+                           f"{'.'.join(map(str, platform.capability))}")
+        if dtype not in ops.FUSED_DTYPES:
+            return False, f"the fused kernel takes {ops.FUSED_DTYPES} activations, not {dtype}"
+        if group_size % ops.FUSED_TILE_K:
+            return False, (f"the fused kernel needs group_size 0 or a multiple of "
+                           f"{ops.FUSED_TILE_K}; this layer has {group_size}")
+        return True, "ok"
+
+    def prepare(self, packed, scale, group_size):
+        p = super().prepare(packed, scale, group_size)
+        p.repacked = ops.repack(packed)
+        if self.max_m is None:
+            p.packed = None  # never needed: keep only the fused layout in memory
+        return p
+
+    def route(self, m):
+        return self.name if self.max_m is None or m <= self.max_m else "fused>cublas"
+
+    def apply(self, x, prepared, bias=None):
+        m = x.numel() // max(prepared.k, 1)
+        if self.max_m is not None and m > self.max_m:
+            return CublasKernel().apply(x, prepared, bias)
+        return ops.gemm_fused(x, prepared.repacked, prepared.scale, prepared.group_size,
+                              prepared.n, bias)
+
+
+class CublasKernel(Kernel):
+    name = "cublas"
+
+    def can_implement(self, platform, n, k, dtype, group_size, device):
+        why = _needs_cuda(platform, device, "the cuBLAS path")
+        if why:
+            return False, why
+        if dtype not in ops.ACTIVATION_DTYPES:
+            return False, f"the cuBLAS path takes {ops.ACTIVATION_DTYPES} activations, not {dtype}"
+        return True, "ok"
+
+    def apply(self, x, prepared, bias=None):
+        w = ops.dequantize(prepared.packed, prepared.scale, prepared.group_size, x.dtype)
+        y = torch.mm(x.reshape(-1, prepared.k), w.t())
+        if bias is not None:
+            y += bias
+        return y.view(*x.shape[:-1], prepared.n)
+
+
+class ReferenceKernel(Kernel):
+    name = "reference"
+
+    def can_implement(self, platform, n, k, dtype, group_size, device):
+        if dtype not in ops.ACTIVATION_DTYPES:
+            return False, f"ternary::gemm takes {ops.ACTIVATION_DTYPES} activations, not {dtype}"
+        return True, "ok"
+
+    def apply(self, x, prepared, bias=None):
+        return ops.gemm(x, prepared.packed, prepared.scale, prepared.group_size, bias)
+
+
+KERNELS: dict[str, type[Kernel]] = {
+    "fused": FusedKernel,
+    "cublas": CublasKernel,
+    "reference": ReferenceKernel,
+}
+
+
+class NoKernelError(RuntimeError):
+    """No kernel can run this layer here; the message lists each kernel's reason."""
+
+
+def priority(platform: Platform) -> list[str]:
+    """Kernel names to try, best first. Every platform tries fused first; where it is
+    unavailable (WSL2 and native Windows builds often lack ternary._C) the cuBLAS path is the
+    default, and the reference is the last resort."""
+    return ["fused", "cublas", "reference"]
+
+
+def choose(platform: Platform, *, n: int, k: int, dtype: torch.dtype, group_size: int,
+           device: torch.device | str, m: int | None = None,
+           env: dict[str, str] | None = None) -> Kernel:
+    """The kernel for a layer of n outputs x k inputs. `m` is informational: the fused
+    kernel routes large M itself (FusedKernel.route)."""
+    env = os.environ if env is None else env
+    device = torch.device(device)
+    shape = f"layer n={n} k={k} dtype={dtype} group_size={group_size} on {device}"
+    forced = env.get(ENV, "").strip().lower()
+    if forced:
+        if forced not in KERNELS:
+            raise NoKernelError(f"{ENV}={forced!r} is not a kernel; use one of "
+                                f"{', '.join(KERNELS)} or unset it")
+        kernel = KERNELS[forced]()
+        ok, why = kernel.can_implement(platform, n, k, dtype, group_size, device)
+        if not ok:
+            raise NoKernelError(f"{ENV}={forced} cannot run {shape}: {why}. Unset {ENV} to let "
+                                "the policy choose")
+        return kernel
+    reasons = []
+    for name in priority(platform):
+        kernel = KERNELS[name]()
+        ok, why = kernel.can_implement(platform, n, k, dtype, group_size, device)
+        if ok:
+            return kernel
+        reasons.append(f"  {name}: {why}")
+    raise NoKernelError(f"no ternary kernel can run {shape} on this {platform.label} machine:\n"
+                        + "\n".join(reasons))

@@ -1,0 +1,220 @@
+"""The CUDA kernels of ternary._C against a float64 reference, on fresh random inputs.
+
+Outputs are allocated inside the ops, so poisoning works through the caching allocator: a
+NaN-filled block of the output's size is freed right before the call, which hands the same
+block out again; an element the kernel forgot stays NaN and fails the finite check.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ternary import ops
+
+pytestmark = pytest.mark.gpu
+
+# bf16 output rounding alone is 2^-9 relative; fp16 2^-12 (METHOD: bf16 operands land between
+# 1e-3 and 1e-2).
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+M_VALUES = (1, 2, 5, 16, 17, 33, 64, 100, 256, 1000, 4096)
+
+
+def _rng(seed_extra: int = 0) -> random.Random:
+    # Fresh inputs every run (METHOD: the kernel must compute the function on any input), but
+    # the seed is printed so a failure can be replayed.
+    seed = random.randrange(2**31) + seed_extra
+    print(f"seed {seed}")
+    torch.manual_seed(seed)
+    return random.Random(seed)
+
+
+def _weights(n: int, k: int, mode: str, group_size: int, device="cuda"):
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device=device)
+    if mode == "channel":
+        scale = torch.rand(n, device=device) + 0.5
+    elif mode == "tensor":
+        scale = torch.rand(1, device=device) + 0.5
+    else:
+        scale = torch.rand(n, -(-k // group_size), device=device) + 0.5
+    return codes, scale
+
+
+def _dense64(codes: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+    w = codes.double()
+    if group_size:
+        return w * scale.double().repeat_interleave(group_size, dim=1)[:, : codes.shape[1]]
+    return w * scale.double().view(-1, 1)
+
+
+def _poison(shape, dtype):
+    t = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del t  # the next allocation of this size reuses the NaN block
+
+
+def _check(y: torch.Tensor, ref: torch.Tensor, dtype, what: str) -> None:
+    assert torch.isfinite(y).all(), f"{what}: {int((~torch.isfinite(y)).sum())} outputs unwritten/NaN"
+    err = ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"{what}: relative error {err:.3g} >= {TOL[dtype]}"
+
+
+def _random_case(rng: random.Random, fused: bool):
+    mode = rng.choice(["channel", "tensor", "group"])
+    if mode == "group":
+        group_size = rng.choice([64, 128, 256]) if fused else rng.choice([32, 48, 64, 100, 128])
+    else:
+        group_size = 0
+    k = 4 * rng.randint(1, 800)  # mostly not a multiple of 64
+    n = rng.randint(1, 700) | 1  # odd
+    return mode, group_size, n, k
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", M_VALUES)
+def test_gemm_fused_matches_float64(m, dtype):
+    rng = _rng(m)
+    for _ in range(3):
+        mode, group_size, n, k = _random_case(rng, fused=True)
+        codes, scale = _weights(n, k, mode, group_size)
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        bias = torch.randn(n, dtype=dtype, device="cuda") if rng.random() < 0.5 else None
+        repacked = ops.repack(ops.pack(codes))
+        _poison((m, n), dtype)
+        y = ops.gemm_fused(x, repacked, scale, group_size, n, bias)
+        ref = x.double() @ _dense64(codes, scale, group_size).t()
+        if bias is not None:
+            ref = ref + bias.double()
+        _check(y, ref, dtype, f"gemm_fused m={m} n={n} k={k} {mode} g={group_size} {dtype}")
+
+
+def test_gemm_fused_large_shapes():
+    """The benchmark shapes, where split and grid choices differ from small ones."""
+    rng = _rng()
+    for k, n in ((4096, 22016), (11008, 4096)):
+        codes, scale = _weights(n, k, "channel", 0)
+        repacked = ops.repack(ops.pack(codes))
+        for m in (1, 16, rng.randint(17, 300)):
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            _poison((m, n), torch.bfloat16)
+            y = ops.gemm_fused(x, repacked, scale, 0, n)
+            _check(y, x.double() @ _dense64(codes, scale, 0).t(), torch.bfloat16,
+                   f"gemm_fused m={m} n={n} k={k}")
+
+
+def test_gemm_fused_strided_and_3d_input():
+    n, k = 96, 200
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+    big = torch.randn(2, 3, k + 6, dtype=torch.bfloat16, device="cuda")
+    x = big[..., 3 : 3 + k]  # rows not 16-byte aligned: the scalar load path
+    y = ops.gemm_fused(x, repacked, scale, 0, n)
+    assert y.shape == (2, 3, n)
+    _check(y, x.double() @ _dense64(codes, scale, 0).t(), torch.bfloat16, "strided x")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m", (1, 16, 257, 4096))
+def test_gemm_matches_float64(m, dtype):
+    rng = _rng(m)
+    mode, group_size, n, k = _random_case(rng, fused=False)
+    codes, scale = _weights(n, k, mode, group_size)
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    _poison((m, n), dtype)
+    y = ops.gemm(x, ops.pack(codes), scale, group_size)
+    _check(y, x.double() @ _dense64(codes, scale, group_size).t(), dtype,
+           f"gemm m={m} n={n} k={k} {mode} g={group_size}")
+
+
+def test_pack_unpack_repack_round_trip():
+    _rng()
+    for n, k in ((1, 4), (33, 68), (700, 4 * 333), (4096, 4096)):
+        codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
+        packed = ops.pack(codes)
+        assert torch.equal(packed.cpu(), ops._pack_ref(codes.cpu()))
+        assert torch.equal(ops.unpack(packed), codes)
+        repacked = ops.repack(packed)
+        assert torch.equal(repacked.cpu(), ops._repack_ref(packed.cpu())), (n, k)
+        assert torch.equal(ops.unrepack(repacked, n, k), packed)
+
+
+def test_dequantize_matches_reference():
+    _rng()
+    codes, scale = _weights(77, 260, "group", 64)
+    packed = ops.pack(codes)
+    w = ops.dequantize(packed, scale, 64, torch.float32)
+    assert torch.allclose(w.double(), _dense64(codes, scale, 64), rtol=0, atol=0)
+
+
+def _samples():
+    n, k = 40, 136
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    gcodes, gscale = _weights(n, k, "group", 64)
+    grepacked = ops.repack(ops.pack(gcodes))
+    x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    return [
+        ("pack", (codes,)),
+        ("unpack", (packed,)),
+        ("dequantize", (packed, scale, 0, torch.bfloat16)),
+        ("gemm", (x, packed, scale, 0, bias)),
+        ("repack", (packed,)),
+        ("unrepack", (repacked, n, k)),
+        ("gemm_fused", (x, repacked, scale, 0, n, bias)),
+        ("gemm_fused", (x.half(), grepacked, gscale, 64, n, None)),
+    ]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_opcheck(i):
+    name, args = _samples()[i]
+    torch.library.opcheck(getattr(torch.ops.ternary, name), args)
+
+
+def test_cuda_errors_carry_values():
+    n, k = 32, 64
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+    x = torch.randn(2, k, device="cuda")
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        torch.ops.ternary.gemm_fused(x, repacked, scale, 0, n, None)
+    with pytest.raises(RuntimeError, match=r"\[2, 1, 512\]"):
+        torch.ops.ternary.gemm_fused(x.bfloat16(), repacked, scale, 0, n + 32, None)
+
+
+def test_cuda_graph_capture_and_replay():
+    _rng()
+    n, k, m = 300, 1028, 7
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    ops.gemm_fused(x, repacked, scale, 0, n)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.gemm_fused(x, repacked, scale, 0, n)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y, x.double() @ _dense64(codes, scale, 0).t(), torch.bfloat16, "graph replay")
+
+
+def test_torch_compile_reduce_overhead():
+    _rng()
+    n, k = 96, 256
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+
+    @torch.compile(mode="reduce-overhead", fullgraph=True)
+    def f(x):
+        return ops.gemm_fused(x, repacked, scale, 0, n) * 2
+
+    for _ in range(3):  # the third call replays the captured graph
+        x = torch.randn(4, k, dtype=torch.bfloat16, device="cuda")
+        y = f(x).clone()
+        _check(y, 2 * (x.double() @ _dense64(codes, scale, 0).t()), torch.bfloat16, "compile")
