@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-tiny": ("make_tiny", "write a tiny deterministic ternary Llama model"),
     "validate": ("validate", "compare vLLM with a transformers reference on a model"),
     "serve": ("serve", "vLLM's OpenAI server with the ternary method registered first"),
+    "bench-serve": ("bench_serve", "serving tokens/s, TTFT, weight memory: ternary vs bf16 in vLLM"),
     "doctor": ("doctor", "check driver, torch, toolchain, GPU archs, vLLM plugin; a fix each"),
     "convert": ("convert", "a bitnet, vendor-int8 or dense checkpoint to the canonical ternary format"),
     "inspect": ("inspect", "a checkpoint's format, modules, packing, scales and every problem found"),

@@ -1,0 +1,482 @@
+"""Serving benchmark: a model of a real model's shape with random ternary weights served
+through the plugin, against the same shape dense in bf16, and one-layer models of the same
+width, at several batch sizes.
+
+Measured with vLLM's offline API (`vllm.LLM`), the engine that the serving anchors of
+DESIGN.md were measured with: it times the engine (scheduler, model, sampler) without the
+HTTP server and client in the way, and it starts in about a third of the server's time on the
+H200, so four engines fit in one device call. Each model runs in its own process (vLLM frees
+GPU memory reliably only at exit) under a hard time limit, with its log kept.
+
+Per batch size B, with B distinct random prompts of `prompt_len` token ids (prefix caching
+off, fresh prompts for every run, so nothing is served from cache):
+- tokens/s: B x output_len generated tokens (ignore_eos) over the wall time of generate(),
+  median of `repeats` runs, after one warm-up run;
+- TTFT: vLLM's own per-request time to first token (arrival to first token), median over
+  the requests of the timed runs; where this vLLM keeps no such stats, the wall time of a
+  one-token generate() of the batch ("wall, 1 token");
+- ms/step: (median wall - TTFT) / (output_len - 1), the decode step time;
+- weights: vLLM's "Model loading took X GiB" (GPU memory the load added), else the bytes of
+  the model's parameters and of the tensors its ternary kernels prepared (CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# name -> (kind, layers override); kind "ternary" is a canonical checkpoint written by
+# ternary.bigmodel, "bf16" a config-only directory served with load_format="dummy".
+MODELS: dict[str, tuple[str, int | None]] = {
+    "ternary": ("ternary", None),
+    "bf16": ("bf16", None),
+    "ternary-1layer": ("ternary", 1),
+    "bf16-1layer": ("bf16", 1),
+}
+DEFAULT_MODELS = ("ternary", "bf16", "ternary-1layer", "bf16-1layer")
+DEFAULT_BATCHES = (1, 16, 64)
+# The issue's targets for ternary against bf16: tokens/s ratio per batch size, and weights.
+TOKS_TARGETS = {1: 3.0, 16: 2.0, 64: 1.0}
+WEIGHTS_TARGET = 1 / 6
+LOAD_RE = re.compile(r"Model loading took ([0-9]+(?:\.[0-9]+)?) ?GiB")
+MIN_MODEL_S = 60  # do not start an engine with less time than this left
+
+
+class BenchError(ValueError):
+    """Arguments bench-serve refuses."""
+
+
+def parse_models(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in MODELS]
+    if bad or not names:
+        raise BenchError(f"--models {text!r}: unknown {bad or 'empty list'}; choose from "
+                         f"{list(MODELS)}, comma-separated")
+    return list(dict.fromkeys(names))
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        batches = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise BenchError(f"--batches {text!r}: give positive integers, comma-separated "
+                         f"(e.g. 1,16,64)") from None
+    if not batches or any(b < 1 for b in batches):
+        raise BenchError(f"--batches {text!r}: give positive integers, comma-separated "
+                         f"(e.g. 1,16,64)")
+    return sorted(set(batches))
+
+
+def loading_gib(log: str) -> float | None:
+    """The last "Model loading took X GiB" of a vLLM log (GPU runners log it)."""
+    found = LOAD_RE.findall(log)
+    return float(found[-1]) if found else None
+
+
+@dataclasses.dataclass
+class Point:
+    batch: int
+    tok_s: float
+    ttft_ms: float
+    ttft_source: str
+    step_ms: float
+    walls_s: list[float]
+    ttft_wall_ms: float
+
+
+@dataclasses.dataclass
+class ModelRun:
+    name: str
+    kind: str
+    layers: int
+    model_dir: str
+    load_format: str
+    ok: bool = False
+    error: str = ""
+    eager: bool = False
+    notes: list[str] = dataclasses.field(default_factory=list)
+    weights_gib: float | None = None
+    weights_source: str = ""
+    kernels: dict[str, int] = dataclasses.field(default_factory=dict)
+    engine_s: float | None = None
+    seconds: float = 0.0
+    log: str = ""
+    env: dict = dataclasses.field(default_factory=dict)  # vllm, torch, device
+    points: list[Point] = dataclasses.field(default_factory=list)
+
+    def point(self, batch: int) -> Point | None:
+        return next((p for p in self.points if p.batch == batch), None)
+
+
+# ---------------------------------------------------------------------------------------
+# Models
+
+
+def prepare_models(work: Path, shape_name: str, names: list[str], seed: int = 0,
+                   say=print) -> dict[str, tuple[Path, str, int]]:
+    """name -> (model dir, load_format, layers); writes what is missing."""
+    from ternary import bigmodel
+
+    out = {}
+    for name in names:
+        kind, layers = MODELS[name]
+        dims = bigmodel.shape(shape_name, layers)
+        d = work / f"{shape_name}-{name}"
+        if kind == "ternary":
+            t = time.monotonic()
+            _, written = bigmodel.write_ternary(d, dims, seed)
+            say(f"{name}: {d} ({bigmodel.disk_bytes(d) / 2**30:.2f} GiB on disk, "
+                f"{'written in %.0f s' % (time.monotonic() - t) if written else 'reused'})")
+            out[name] = (d, "auto", dims["num_hidden_layers"])
+        else:
+            bigmodel.write_dense_config(d, dims)
+            out[name] = (d, "dummy", dims["num_hidden_layers"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The worker (one process per model)
+
+
+def _tensor_bytes(module) -> int:
+    """Bytes of the parameters and buffers of `module` and of every tensor its ternary
+    kernels prepared (a repacked copy counts), each storage once."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def add(t):
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+
+    for t in list(module.parameters()) + list(module.buffers()):
+        add(t)
+    for m in module.modules():
+        prepared = getattr(m, "ternary_prepared", None)
+        if prepared is None:
+            continue
+        values = (dataclasses.asdict(prepared).values() if dataclasses.is_dataclass(prepared)
+                  else prepared if isinstance(prepared, (tuple, list)) else [prepared])
+        for v in values:
+            add(v)
+    return sum(seen.values())
+
+
+def model_facts(model) -> dict:
+    """Run inside vLLM's worker (apply_model): weight bytes and the kernel of each ternary
+    layer. Module-level so that it pickles."""
+    kernels: dict[str, int] = {}
+    for m in model.modules():
+        k = getattr(m, "ternary_kernel", None)
+        if k is not None:
+            name = getattr(k, "name", None) or type(k).__name__
+            kernels[name] = kernels.get(name, 0) + 1
+    return {"bytes": _tensor_bytes(model), "kernels": kernels}
+
+
+def _prompts(n: int, length: int, vocab: int, tag: int) -> list[dict]:
+    import torch
+
+    g = torch.Generator().manual_seed(tag)
+    ids = torch.randint(3, vocab, (n, length), generator=g)
+    return [{"prompt_token_ids": row.tolist()} for row in ids]
+
+
+def _ttft_s(outputs) -> list[float]:
+    vals = []
+    for o in outputs:
+        m = getattr(o, "metrics", None)
+        v = getattr(m, "first_token_latency", None)
+        if v is None and getattr(m, "first_token_time", None) and getattr(m, "arrival_time", None):
+            v = m.first_token_time - m.arrival_time  # vLLM 0.6.x RequestMetrics
+        if v:
+            vals.append(float(v))
+    return vals
+
+
+def worker(spec: dict) -> dict:
+    """Builds the engine for one model and measures every batch size; returns the result."""
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles
+    from ternary.smoke import cpu_env_defaults
+
+    cpu_env_defaults()
+    from ternary.vllm.register import register
+
+    register()
+    import torch
+    from vllm import LLM, SamplingParams
+
+    batches, plen, olen = spec["batches"], spec["prompt_len"], spec["output_len"]
+    vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
+    kwargs = dict(model=spec["model_dir"], dtype=spec["dtype"], seed=0,
+                  load_format=spec["load_format"], skip_tokenizer_init=True,
+                  max_model_len=plen + olen + 8, max_num_seqs=max(batches),
+                  enable_prefix_caching=False, disable_log_stats=False,
+                  enforce_eager=spec["eager"])
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
+    t = time.monotonic()
+    llm = LLM(**kwargs)
+    result: dict = {"engine_s": time.monotonic() - t, "points": [], "facts": None,
+                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                    "torch": torch.__version__}
+    try:
+        from ternary.vllm.register import vllm_version
+
+        result["vllm"] = vllm_version()
+        # by its module's name: run as `python -m`, this module is __main__, which the
+        # engine's processes cannot unpickle
+        import importlib
+
+        facts = llm.apply_model(importlib.import_module("ternary.bench_serve").model_facts)
+        result["facts"] = {"bytes": sum(f["bytes"] for f in facts),
+                           "kernels": facts[0]["kernels"]}
+    except Exception as e:  # the timings stand without it; say why it is missing
+        result["facts_error"] = f"{type(e).__name__}: {e}"
+
+    def sp(n):
+        return SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True,
+                              detokenize=False)
+
+    def generate(b, n, tag):
+        prompts = _prompts(b, plen, vocab, tag)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp(n), use_tqdm=False)
+        wall = time.perf_counter() - t0
+        got = [len(o.outputs[0].token_ids) for o in outs]
+        if got != [n] * b:
+            raise RuntimeError(f"asked for {n} tokens from each of {b} requests, got {got}")
+        return wall, outs
+
+    tag = 1000 * spec["seed"]
+    for b in batches:
+        generate(b, min(olen, 8), tag := tag + 1)  # warm-up
+        ttft_wall, _ = generate(b, 1, tag := tag + 1)
+        walls, ttfts = [], []
+        for _ in range(spec["repeats"]):
+            wall, outs = generate(b, olen, tag := tag + 1)
+            walls.append(wall)
+            ttfts += _ttft_s(outs)
+        wall = statistics.median(walls)
+        ttft = statistics.median(ttfts) if ttfts else ttft_wall
+        result["points"].append(dataclasses.asdict(Point(
+            batch=b, tok_s=b * olen / wall, ttft_ms=1000 * ttft,
+            ttft_source="vLLM per-request stats" if ttfts else "wall, 1 token",
+            step_ms=1000 * max(wall - ttft, 0.0) / max(olen - 1, 1), walls_s=walls,
+            ttft_wall_ms=1000 * ttft_wall)))
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# The driver
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's process group (it and the engine processes it started), then
+    SIGKILL to what is left."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join(text.splitlines()[-n:])
+
+
+def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: Path,
+              spec: dict, timeout: float, eager: bool, command: list[str] | None = None
+              ) -> ModelRun:
+    """One model in its own process; never raises for the model's own failures."""
+    kind = MODELS[name][0]
+    run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager)
+    tag = f"{name}{'-eager' if eager else ''}"
+    log_path, spec_path, out_path = (logs / f"{tag}.log", logs / f"{tag}.spec.json",
+                                     logs / f"{tag}.result.json")
+    out_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps({**spec, "model_dir": str(model_dir),
+                                     "load_format": load_format, "eager": eager,
+                                     "result": str(out_path)}, indent=2))
+    cmd = command or [sys.executable, "-m", "ternary.bench_serve", "--worker", str(spec_path)]
+    run.log = str(log_path)
+    t = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            rc = None
+    run.seconds = time.monotonic() - t
+    text = log_path.read_text(errors="replace")
+    if rc is None:
+        run.error = (f"stopped after the {timeout:.0f} s it was given (raise --timeout or "
+                     f"--budget, or bench fewer batch sizes); log {log_path}:\n{_tail(text)}")
+        return run
+    if rc != 0 or not out_path.is_file():
+        run.error = f"worker exited with status {rc}; log {log_path}:\n{_tail(text)}"
+        return run
+    res = json.loads(out_path.read_text())
+    run.ok = True
+    run.engine_s = res.get("engine_s")
+    run.points = [Point(**p) for p in res["points"]]
+    facts = res.get("facts") or {}
+    run.kernels = facts.get("kernels", {})
+    gib = loading_gib(text)
+    if gib is not None:
+        run.weights_gib, run.weights_source = gib, "vLLM log"
+    elif facts.get("bytes"):
+        run.weights_gib, run.weights_source = facts["bytes"] / 2**30, "tensors"
+    if res.get("facts_error"):
+        run.notes.append(f"no weight/kernel facts from the model: {res['facts_error']}")
+    run.env = {k: res.get(k) for k in ("vllm", "torch", "device")}
+    return run
+
+
+def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_name: str,
+          prompt_len: int = 128, output_len: int = 128, repeats: int = 3, dtype: str = "bfloat16",
+          budget_s: float = 3600, timeout_s: float = 600, eager: bool = False,
+          eager_fallback: bool = True, gpu_memory_utilization: float = 0.85, seed: int = 0,
+          say=print, command: list[str] | None = None) -> dict:
+    """Runs every model within `budget_s` seconds in all; returns the report."""
+    deadline = time.monotonic() + budget_s
+    logs.mkdir(parents=True, exist_ok=True)
+    models = prepare_models(work, shape_name, names, seed, say)
+    spec = {"batches": batches, "prompt_len": prompt_len, "output_len": output_len,
+            "repeats": repeats, "dtype": dtype, "seed": seed,
+            "gpu_memory_utilization": gpu_memory_utilization}
+    runs: list[ModelRun] = []
+    for name in names:
+        model_dir, load_format, layers = models[name]
+        left = deadline - time.monotonic()
+        if left < MIN_MODEL_S:
+            r = ModelRun(name, MODELS[name][0], layers, str(model_dir), load_format)
+            r.error = (f"not run: {left:.0f} s of the {budget_s:.0f} s budget left, under the "
+                       f"{MIN_MODEL_S} s an engine needs to start (raise --budget)")
+            runs.append(r)
+            say(f"{name}: skipped, {left:.0f} s left")
+            continue
+        say(f"{name}: starting vLLM on {model_dir} (load_format {load_format}, at most "
+            f"{min(timeout_s, left):.0f} s)")
+        r = run_model(name, model_dir, load_format, layers, logs, spec, min(timeout_s, left),
+                      eager, command)
+        left = deadline - time.monotonic()
+        if not r.ok and not eager and eager_fallback and "stopped after" not in r.error \
+                and left >= MIN_MODEL_S:
+            say(f"{name}: failed with CUDA graphs/compilation; retrying with enforce_eager")
+            first = r.error.splitlines()[0]
+            r = run_model(name, model_dir, load_format, layers, logs, spec,
+                          min(timeout_s, left), True, command)
+            r.notes.append(f"enforce_eager: the compiled run failed ({first})")
+        say(f"{name}: {'done' if r.ok else 'FAILED'} in {r.seconds:.0f} s")
+        runs.append(r)
+    env = next((r.env for r in runs if r.ok), {})
+    return {"shape": shape_name, "prompt_len": prompt_len, "output_len": output_len,
+            "repeats": repeats, "dtype": dtype, "batches": batches, **env,
+            "models": [dataclasses.asdict(r) for r in runs],
+            "comparisons": comparisons(runs, batches)}
+
+
+def comparisons(runs: list[ModelRun], batches: list[int]) -> list[dict]:
+    """Ternary against bf16 of the same depth: tokens/s ratio per batch, weights ratio,
+    each with its target."""
+    by = {r.name: r for r in runs if r.ok}
+    out = []
+    for t, d in (("ternary", "bf16"), ("ternary-1layer", "bf16-1layer")):
+        if t not in by or d not in by:
+            continue
+        row = {"ternary": t, "bf16": d, "tok_s_ratio": {}, "weights_ratio": None}
+        for b in batches:
+            pt, pd = by[t].point(b), by[d].point(b)
+            if pt and pd and pd.tok_s:
+                row["tok_s_ratio"][b] = pt.tok_s / pd.tok_s
+        if by[t].weights_gib and by[d].weights_gib:
+            row["weights_ratio"] = by[t].weights_gib / by[d].weights_gib
+        out.append(row)
+    return out
+
+
+def table(report: dict):
+    from rich.table import Table
+
+    runs = [ModelRun(**{**m, "points": [Point(**p) for p in m["points"]]})
+            for m in report["models"]]
+    bf16 = {r.name: r for r in runs if r.ok and r.kind == "bf16"}
+    t = Table(title=f"bench-serve: {report['shape']}, {report['prompt_len']}-token prompts, "
+                    f"{report['output_len']} generated, {report.get('device', '?')}, "
+                    f"vLLM {report.get('vllm', '?')}")
+    for c, j in (("model", "left"), ("weights GiB", "right"), ("batch", "right"),
+                 ("tok/s", "right"), ("x bf16", "right"), ("TTFT ms", "right"),
+                 ("ms/step", "right"), ("kernel", "left")):
+        t.add_column(c, justify=j)
+    for r in runs:
+        kernel = ", ".join(f"{k} x{n}" for k, n in r.kernels.items()) or \
+            ("-" if r.kind == "bf16" else "?")
+        if r.eager:
+            kernel += " (eager)"
+        gib = "-" if r.weights_gib is None else f"{r.weights_gib:.2f}"
+        if not r.ok:
+            t.add_row(r.name, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
+            continue
+        base = bf16.get(r.name.replace("ternary", "bf16")) if r.kind == "ternary" else None
+        for i, p in enumerate(r.points):
+            ratio = ""
+            if base and base.point(p.batch):
+                x = p.tok_s / base.point(p.batch).tok_s
+                goal = TOKS_TARGETS.get(p.batch)
+                ratio = f"{x:.2f}" if goal is None else \
+                    f"[{'green' if x >= goal else 'red'}]{x:.2f}[/] (>={goal:g})"
+            t.add_row(r.name if i == 0 else "", gib if i == 0 else "", str(p.batch),
+                      f"{p.tok_s:,.0f}", ratio, f"{p.ttft_ms:,.1f}", f"{p.step_ms:.2f}",
+                      kernel if i == 0 else "")
+        t.add_section()
+    return t
+
+
+def summary_lines(report: dict) -> list[str]:
+    """Weights ratio against its target, and the fixed-cost bound from one-layer models."""
+    lines = []
+    for c in report["comparisons"]:
+        w = c["weights_ratio"]
+        if w is not None and c["ternary"] == "ternary":
+            lines.append(f"weights: ternary/bf16 = {w:.3f} (target <= {WEIGHTS_TARGET:.3f}: "
+                         f"{'met' if w <= WEIGHTS_TARGET else 'NOT met'})")
+    for m in report["models"]:
+        if m["ok"] and m["layers"] == 1 and m["points"]:
+            p = m["points"][0]
+            lines.append(f"{m['name']}: {p['step_ms']:.2f} ms/step at batch {p['batch']}, so no "
+                         f"kernel can exceed ~{1000 * p['batch'] / p['step_ms']:,.0f} tok/s there "
+                         f"(engine fixed cost per step)" if p["step_ms"] > 0 else "")
+    return [ln for ln in lines if ln]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--worker":
+        spec = json.loads(Path(argv[1]).read_text())
+        result = worker(spec)
+        Path(spec["result"]).write_text(json.dumps(result, indent=2))
+        return 0
+    from ternary.cli import main as cli
+
+    return cli(["bench-serve", *argv])
+
+
+if __name__ == "__main__":  # spawn-safe: vLLM's engine processes re-import this module
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Benchmark models of a real model's shape: random ternary linear layers in the canonical
+format (written layer by layer, never the whole model in memory), and the same shape as a
+config-only bf16 directory for vLLM's `load_format="dummy"`.
+
+    python -m ternary.bigmodel OUT [--shape llama2-7b] [--layers N] [--dense]
+
+Llama-2-7B's shape gives 1.5 GiB of packed weights plus 0.5 GiB of bf16 embeddings and
+lm_head (about 2 GB on disk). The bf16 baseline is never written: 13 GB of random bf16
+would take longer to write and load than the benchmark runs, dense GEMM time does not
+depend on the values, and the serving anchors (DESIGN.md) were measured with dummy
+weights too. A model of 1 layer and the same width times the engine's fixed cost per step.
+
+Deterministic: each tensor draws from its own generator seeded from (seed, tensor index),
+so the same arguments write the same bytes whatever the order or the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+# Llama-2-7B (meta-llama/Llama-2-7b-hf config.json).
+SHAPES: dict[str, dict[str, int]] = {
+    "llama2-7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+                  "max_position_embeddings": 4096},
+    # vLLM's CPU attention needs head_dim in a fixed list (FINDINGS.md): 128/4 = 32 is in it.
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
+             "max_position_embeddings": 1024},
+}
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+MANIFEST = "bigmodel.json"  # what wrote the directory, so a rerun can reuse it
+SHARD_BYTES = 1 << 30
+
+
+def shape(name: str, layers: int | None = None) -> dict[str, int]:
+    if name not in SHAPES:
+        raise ValueError(f"shape {name!r} is not one of {sorted(SHAPES)}; add it to "
+                         f"ternary.bigmodel.SHAPES")
+    s = dict(SHAPES[name])
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"layers={layers}: a model needs at least one decoder layer")
+        s["num_hidden_layers"] = layers
+    for key in ("hidden_size", "intermediate_size"):
+        if s[key] % 4:
+            raise ValueError(f"{name}: {key}={s[key]} is not a multiple of 4, which the "
+                             f"canonical packing [N, K/4] needs")
+    if s["hidden_size"] % s["num_attention_heads"]:
+        raise ValueError(f"{name}: hidden_size={s['hidden_size']} is not a multiple of "
+                         f"num_attention_heads={s['num_attention_heads']}")
+    return s
+
+
+def config(dims: dict[str, int], quantized: bool) -> dict:
+    """config.json of a Llama model of these dims, bf16, canonical ternary v1 or dense."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **dims,
+           "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+           "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+    if quantized:
+        from ternary.formats import canonical
+
+        cfg["quantization_config"] = canonical.quantization_config("channel", None, ["lm_head"])
+    return cfg
+
+
+def linear_shapes(dims: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Projection -> (N, K)."""
+    h, i = dims["hidden_size"], dims["intermediate_size"]
+    kv = dims["num_key_value_heads"] * (h // dims["num_attention_heads"])
+    return {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, h),
+            "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+
+
+def _byte_table() -> torch.Tensor:
+    """uint8 [81]: the byte of four 2-bit codes (LSB first) whose base-3 digits are i, so a
+    uniform draw from 0..80 gives four independent uniform codes in {0, 1, 2}."""
+    i = torch.arange(81)
+    return sum(((i // 3 ** j) % 3) << (2 * j) for j in range(4)).to(torch.uint8)
+
+
+def random_packed(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """uint8 [n, k/4]: canonical packed codes, each of -1, 0, +1 with probability 1/3."""
+    draw = torch.randint(0, 81, (n, k // 4), generator=gen, dtype=torch.uint8)
+    return _byte_table()[draw.long()]
+
+
+def _gen(seed: int, index: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + index)
+
+
+def _same(out: Path, manifest: dict) -> bool:
+    try:
+        return json.loads((out / MANIFEST).read_text()) == manifest
+    except (OSError, ValueError):
+        return False
+
+
+def write_dense_config(out: Path, dims: dict[str, int]) -> Path:
+    """A config-only bf16 model directory for vLLM's load_format="dummy"."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config(dims, quantized=False), indent=2) + "\n")
+    (out / MANIFEST).write_text(json.dumps({"kind": "dense-dummy", "dims": dims}, indent=2))
+    return out
+
+
+def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool = True,
+                  shard_bytes: int = SHARD_BYTES) -> tuple[Path, bool]:
+    """Writes the random ternary model; returns (dir, written). A directory already written
+    with the same dims and seed is kept as it is (written False)."""
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                               TimeRemainingColumn, TransferSpeedColumn)
+
+    from ternary.formats.files import ShardWriter
+
+    manifest = {"kind": "ternary", "dims": dims, "seed": seed, "scale": "channel"}
+    if _same(out, manifest):
+        return out, False
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # a crash midway must not look complete
+    for old in out.glob("*.safetensors"):
+        old.unlink()
+    h, v, layers = dims["hidden_size"], dims["vocab_size"], dims["num_hidden_layers"]
+    shapes = linear_shapes(dims)
+    total = (2 * v + 1) * h * 2 + layers * (2 * h * 2 + sum(n * (k // 4 + 4)
+                                                           for n, k in shapes.values()))
+    writer = ShardWriter(out, shard_bytes)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), disable=not progress,
+                  transient=False) as bar:
+        task = bar.add_task(f"writing {out.name}", total=total)
+        index = 0
+
+        def add(name: str, t: torch.Tensor) -> None:
+            writer.add(name, t)
+            bar.advance(task, t.numel() * t.element_size())
+
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            add(name, (torch.randn(v, h, generator=_gen(seed, index)) * 0.02).to(torch.bfloat16))
+            index += 1
+        add("model.norm.weight", torch.ones(h, dtype=torch.bfloat16))
+        for layer in range(layers):
+            p = f"model.layers.{layer}"
+            bar.update(task, description=f"writing {out.name}: layer {layer + 1}/{layers}")
+            add(f"{p}.input_layernorm.weight", torch.ones(h, dtype=torch.bfloat16))
+            add(f"{p}.post_attention_layernorm.weight", torch.ones(h, dtype=torch.bfloat16))
+            for proj, (n, k) in shapes.items():
+                g = _gen(seed, index)
+                index += 1
+                add(f"{p}.{proj}.weight", random_packed(n, k, g))
+                # 2/3 of the codes are nonzero: this scale keeps activations near unit size
+                s = (1.5 / k) ** 0.5 * (1 + 0.1 * torch.rand(n, generator=g))
+                add(f"{p}.{proj}.weight_scale", s.to(torch.float32))
+        writer.close()
+    (out / "config.json").write_text(json.dumps(config(dims, quantized=True), indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return out, True
+
+
+def disk_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ternary.bigmodel",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("out", type=Path, help="model directory to write")
+    p.add_argument("--shape", default="llama2-7b", choices=sorted(SHAPES))
+    p.add_argument("--layers", type=int, help="override num_hidden_layers (1: fixed-cost model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dense", action="store_true",
+                   help="write the bf16 config only (serve it with load_format dummy)")
+    args = p.parse_args(argv)
+    try:
+        dims = shape(args.shape, args.layers)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dense:
+        write_dense_config(args.out, dims)
+        print(f"{args.out}: bf16 config for load_format=dummy ({dims['num_hidden_layers']} layers)")
+        return 0
+    out, written = write_ternary(args.out, dims, args.seed)
+    print(f"{out}: {disk_bytes(out):,} bytes of safetensors "
+          f"({'written' if written else 'already there, same dims and seed'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

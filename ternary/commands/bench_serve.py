@@ -1,0 +1,83 @@
+"""`ternary bench-serve`: tokens/s, time to first token and weight memory of a ternary model
+served through the plugin against the same shape in bf16, and one-layer models of the same
+width (ternary.bench_serve says how each number is measured)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    from ternary import bench_serve as b
+    from ternary import bigmodel
+
+    p.add_argument("--shape", default="llama2-7b", choices=sorted(bigmodel.SHAPES),
+                   help="model dimensions (ternary.bigmodel.SHAPES)")
+    p.add_argument("--models", default=",".join(b.DEFAULT_MODELS),
+                   help=f"comma-separated, from {list(b.MODELS)}")
+    p.add_argument("--batches", default=",".join(map(str, b.DEFAULT_BATCHES)),
+                   help="comma-separated batch sizes (concurrent requests)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per batch size (median)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--work", type=Path,
+                   help="where models are written (reused when already there); default: a "
+                        "temporary directory")
+    p.add_argument("--logs", type=Path, help="worker logs and results (default: WORK/logs)")
+    p.add_argument("--json", type=Path, help="write the report here as JSON")
+    p.add_argument("--budget", type=float, default=3600,
+                   help="seconds for all models together; models that cannot start in time "
+                        "are reported as not run")
+    p.add_argument("--timeout", type=float, default=600, help="seconds for one model at most")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no torch.compile / CUDA graphs (otherwise only a fallback on failure)")
+    p.add_argument("--no-eager-fallback", action="store_true",
+                   help="do not retry a failed model with enforce_eager")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prepare-only", action="store_true",
+                   help="write the models and stop (to write them in an earlier device call)")
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from ternary import bench_serve as b
+    from ternary.smoke import cpu_env_defaults
+
+    err = Console(stderr=True)
+    try:
+        names = b.parse_models(args.models)
+        batches = b.parse_batches(args.batches)
+        for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len),
+                        ("--repeats", args.repeats)):
+            if v < 1:
+                raise b.BenchError(f"{flag} {v}: must be at least 1")
+    except b.BenchError as e:
+        err.print(f"[red]error:[/] {e}")
+        return 2
+    cpu_env_defaults()
+    work = args.work or Path(tempfile.mkdtemp(prefix="ternary-bench-serve-"))
+    if args.prepare_only:
+        b.prepare_models(work, args.shape, names, args.seed, err.log)
+        return 0
+    report = b.bench(names, batches, work, args.logs or work / "logs", args.shape,
+                     args.prompt_len, args.output_len, args.repeats, args.dtype, args.budget,
+                     args.timeout, args.enforce_eager, not args.no_eager_fallback,
+                     args.gpu_memory_utilization, args.seed, err.log)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    out = Console()
+    out.print(b.table(report))
+    for line in b.summary_lines(report):
+        out.print(line)
+    failed = [m for m in report["models"] if not m["ok"]]
+    for m in failed:
+        err.print(f"[red]{m['name']}:[/] {m['error']}")
+    if args.json:
+        out.print(f"JSON: {args.json}")
+    return 1 if failed else 0
