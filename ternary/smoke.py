@@ -122,19 +122,21 @@ class ServerRun:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
+def server_command(model_dir: Path, launcher: str, port: int, dtype: str = "float32") -> list[str]:
+    common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
+              "--max-model-len", "256", "--served-model-name", "tiny", "--seed", "0"]
+    if launcher == "ternary":
+        return [sys.executable, "-m", "ternary", "serve", str(model_dir), *common]
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), *common]
+
+
 class Server:
-    def __init__(self, model_dir: Path, launcher: str, log_path: Path, dtype: str = "float32"):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        common = ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
-                  "--max-model-len", "256", "--served-model-name", "tiny", "--seed", "0"]
-        if launcher == "ternary":
-            cmd = [sys.executable, "-m", "ternary", "serve", str(model_dir), *common]
-        else:
-            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-                   "--model", str(model_dir), *common]
-        self.cmd = cmd
+    """A server process in its own session, its output in `log_path`."""
+
+    def __init__(self, cmd: list[str], port: int, log_path: Path):
+        self.cmd, self.port, self.log_path = cmd, port, log_path
+        self.base = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -162,15 +164,16 @@ class Server:
         raise SmokeError(f"the server on port {self.port} was not healthy after {timeout:.0f} s; "
                          f"raise --health-timeout on a slow machine; log tail:\n{self.tail()}")
 
-    def stop(self, timeout: float) -> tuple[bool, str]:
+    def stop(self, timeout: float, grace: float = 10) -> tuple[bool, str]:
         """SIGTERM to the server's PID; True when it and everything it started are gone."""
         procs = descendants(self.proc.pid) | {self.proc.pid}
-        os.kill(self.proc.pid, signal.SIGTERM)
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + grace  # children may exit just after the parent
         left = {p for p in procs if alive(p)}
         while left and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -323,7 +326,8 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say) -
     say(f"[{fmt}] building the transformers reference")
     ref = Reference(model_dir)
     log = work / f"server-{fmt}.log"
-    server = Server(model_dir, launcher, log)
+    port = free_port()
+    server = Server(server_command(model_dir, launcher, port), port, log)
     run = ServerRun(fmt, launcher, server.port, log=str(log))
     say(f"[{fmt}] started {' '.join(server.cmd[1:])} (PID {server.proc.pid}); waiting for "
         f"/health (at most {health_timeout:.0f} s)")

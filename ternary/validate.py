@@ -200,7 +200,7 @@ def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | N
 
     try:
         llm.apply_model(install)
-        vllm_generate(llm, ids, 1, 1)
+        vllm_generate(llm, ids, 1, ref.config.vocab_size)
     finally:
         llm.apply_model(lambda _m: [h.remove() for h in handles])
     ref_out: dict[int, torch.Tensor] = {}

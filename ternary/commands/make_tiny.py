@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -27,7 +28,7 @@ def run(args) -> int:
         with console.status(f"writing {args.out}"):
             tiny.make(args.out, args.format, args.scale, args.group_size, args.seed)
     except ValueError as e:
-        console.print(f"[red]{e}")
+        print(f"ternary make-tiny: {e}", file=sys.stderr)
         return 2
     for f in sorted(args.out.iterdir()):
         console.print(f"  {f.name:28} {f.stat().st_size:>10,} bytes")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 
@@ -24,8 +25,8 @@ def run(args) -> int:
     cpu_env_defaults()
     console = Console(stderr=True)
     if not (args.model_dir / "config.json").is_file():
-        console.print(f"[red]{args.model_dir}: no config.json; pass a Hugging Face model "
-                      f"directory (make one with `ternary make-tiny DIR`)")
+        print(f"ternary validate: {args.model_dir}: no config.json; pass a Hugging Face model "
+              f"directory (make one with `ternary make-tiny DIR`)", file=sys.stderr)
         return 2
     from ternary.validate import validate
 

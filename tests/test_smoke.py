@@ -1,0 +1,69 @@
+"""The smoke driver (ternary.smoke): its failure paths with stand-in processes (fast), and
+the real thing against a vLLM OpenAI server (marker serve: `nox -s smoke-cpu`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from ternary import smoke
+
+
+def _server(tmp_path, code: str) -> smoke.Server:
+    pytest.importorskip("requests", reason="the smoke driver talks HTTP through requests")
+    port = smoke.free_port()
+    return smoke.Server([sys.executable, "-c", code], port, tmp_path / "server.log")
+
+
+def test_server_exiting_early_is_reported_with_its_log(tmp_path):
+    s = _server(tmp_path, "import sys; print('no model here'); sys.exit(3)")
+    with pytest.raises(smoke.SmokeError, match="exited with status 3") as e:
+        s.wait_healthy(30)
+    assert "no model here" in str(e.value)
+    s.stop(5, grace=1)
+
+
+def test_health_timeout_is_bounded(tmp_path):
+    s = _server(tmp_path, "import time; time.sleep(60)")
+    t = time.monotonic()
+    with pytest.raises(smoke.SmokeError, match=r"not healthy after 1 s; raise --health-timeout"):
+        s.wait_healthy(1)
+    assert time.monotonic() - t < 15
+    ok, detail = s.stop(10, grace=1)
+    assert ok, detail
+
+
+def test_stop_reports_children_that_survive_sigterm(tmp_path):
+    # the parent exits on SIGTERM; its child ignores SIGTERM and must be reported (then killed)
+    code = ("import signal, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)'])\n"
+            "time.sleep(120)\n")
+    s = _server(tmp_path, code)
+    deadline = time.monotonic() + 20
+    while not smoke.descendants(s.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # let the child install its handler
+    children = smoke.descendants(s.proc.pid)
+    assert children
+    ok, detail = s.stop(2, grace=1)
+    assert not ok and "still alive" in detail and str(min(children)) in detail
+    time.sleep(0.5)
+    assert not any(smoke.alive(p) for p in children)
+
+
+def test_unknown_format_is_refused(capsys):
+    assert smoke.main(["--formats", "ternary,gguf"]) == 2
+    assert "unknown ['gguf']" in capsys.readouterr().err
+
+
+@pytest.mark.serve
+def test_smoke_cpu(tmp_path, capsys):
+    pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
+    rc = smoke.main(["--target", "cpu", "--json", "--keep", str(tmp_path)])
+    report = json.loads(capsys.readouterr().out)
+    failed = [(r["format"], c) for r in report["runs"] for c in r["checks"] if not c["ok"]]
+    assert rc == 0 and report["ok"], failed

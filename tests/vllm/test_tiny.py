@@ -1,0 +1,108 @@
+"""make-tiny (deterministic files in both formats), its refusals, the dense reference
+weights validate builds from them, and validate itself against vLLM (slow)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
+
+from ternary import ops, tiny  # noqa: E402
+from ternary.cli import main as cli  # noqa: E402
+
+
+def _digest(d):
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}
+
+
+@pytest.mark.parametrize("fmt", tiny.FORMATS)
+def test_make_tiny_is_deterministic(tmp_path, fmt):
+    assert cli(["make-tiny", str(tmp_path / "a"), "--format", fmt]) == 0
+    assert cli(["make-tiny", str(tmp_path / "b"), "--format", fmt]) == 0
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == fmt
+    assert cfg["head_dim"] in (32, 64, 80, 96, 112, 128)  # vLLM's CPU attention
+
+
+def test_make_tiny_refusals(tmp_path, capsys):
+    assert cli(["make-tiny", str(tmp_path / "x"), "--format", "bitnet", "--scale", "group"]) == 2
+    assert "scale='group' applies to the ternary format only" in capsys.readouterr().err
+    assert cli(["make-tiny", str(tmp_path / "y"), "--scale", "group", "--group-size", "48"]) == 2
+    assert "group_size=48 must be positive and divide" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", tiny.SCALES)
+def test_dense_reference_weights(tmp_path, scale):
+    from safetensors.torch import load_file
+
+    from ternary.validate import dense_state_dict
+
+    tiny.make(tmp_path, "ternary", scale, 32)
+    raw = load_file(str(tmp_path / "model.safetensors"))
+    dense = dense_state_dict(tmp_path)
+    name = "model.layers.1.mlp.down_proj"
+    assert "model.layers.1.mlp.down_proj.weight_scale" not in dense
+    w = dense[f"{name}.weight"]
+    assert w.dtype == torch.float32 and list(w.shape) == [128, 256]
+    codes = ops.unpack(raw[f"{name}.weight"])
+    s = raw[f"{name}.weight_scale"]
+    s = s.repeat_interleave(32, 1) if scale == "group" else s.view(-1, 1)
+    torch.testing.assert_close(w, codes.float() * s)
+    assert torch.equal(dense["lm_head.weight"], raw["lm_head.weight"])
+
+
+def test_bitnet_reference_weights_match_canonical_codes(tmp_path):
+    from ternary.validate import dense_state_dict
+
+    tiny.make(tmp_path, "bitnet")
+    w = dense_state_dict(tmp_path)["model.layers.0.self_attn.k_proj.weight"]
+    assert list(w.shape) == [64, 128]
+    assert len(torch.unique(w)) == 3  # {-s, 0, +s}: one scale per tensor
+
+
+def test_validate_refuses_a_directory_without_config(tmp_path, capsys):
+    assert cli(["validate", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def _validate_in_process(model_dir):
+    pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
+    from ternary.smoke import cpu_env_defaults
+    from ternary.validate import validate
+
+    cpu_env_defaults()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return validate(model_dir, max_tokens=8, prompts=["The quick brown fox", "Hello, world!"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", tiny.FORMATS)
+def test_validate_tiny_matches(tmp_path, fmt):
+    report = _validate_in_process(tiny.make(tmp_path, fmt))
+    assert report.ok, report
+    assert all(r.kl_ref_vllm < 1e-6 for r in report.results)
+
+
+@pytest.mark.slow
+def test_validate_names_the_first_divergent_layer(tmp_path, monkeypatch):
+    """A corrupted second layer inside vLLM only: tokens/KL fail and layer 1 is named."""
+    from ternary.vllm import linear
+
+    orig = linear.TernaryLinearMethod.process_weights_after_loading
+
+    def corrupt(self, layer):
+        if "layers.1.mlp.down_proj" in getattr(layer, "prefix", ""):
+            layer.weight_scale.data *= 3.0
+        orig(self, layer)
+
+    monkeypatch.setattr(linear.TernaryLinearMethod, "process_weights_after_loading", corrupt)
+    report = _validate_in_process(tiny.make(tmp_path, "ternary"))
+    assert not report.ok
+    assert report.first_divergent_layer == "model.layers.1", report.layer_diffs
+    assert report.layer_diffs[0][1] < 1e-4 < report.layer_diffs[1][1]
