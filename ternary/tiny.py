@@ -89,20 +89,12 @@ def _absmean(w: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tens
     return (w / s).round().clamp(-1, 1).to(torch.int8), s.to(torch.float32)
 
 
-def _bitnet_pack(codes: torch.Tensor) -> torch.Tensor:
-    """int8 codes [N, K] -> transformers' bitnet layout uint8 [N/4, K]: byte row r, bits
-    2i..2i+1 hold row i*R + r."""
-    n, k = codes.shape
-    c = (codes + 1).to(torch.uint8).view(4, n // 4, k)
-    return c[0] | (c[1] << 2) | (c[2] << 4) | (c[3] << 6)
-
-
 def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: int = 32,
          seed: int = 0) -> Path:
     """Writes the tiny model to `out` and returns it."""
     from safetensors.torch import save_file
 
-    from ternary import ops
+    from ternary.formats import bitnet, canonical
 
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")
@@ -136,30 +128,24 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
         for mod, (rows, cols) in PROJECTIONS.items():
             n, k = d[rows], d[cols]
             w = randn(n, k, std=k ** -0.5)
-            name = f"{p}.{mod}"
             if fmt == "bitnet":
                 codes, s = _absmean(w, None)
-                tensors[f"{name}.weight"] = _bitnet_pack(codes)
-                # linear_class "bitlinear" divides by its scale
-                tensors[f"{name}.weight_scale"] = (1.0 / s).reshape(1).to(torch.bfloat16)
+                # linear_class "bitlinear" divides by the stored scale
+                enc = bitnet.encode(codes, float(1.0 / s))
             elif scale == "group":
-                wg = w.view(n, k // group_size, group_size)
-                codes, s = _absmean(wg, 2)
-                tensors[f"{name}.weight"] = ops.pack(codes.view(n, k))
-                tensors[f"{name}.weight_scale"] = s.view(n, k // group_size)
+                codes, s = _absmean(w.view(n, k // group_size, group_size), 2)
+                enc = canonical.encode(codes.view(n, k), s.view(n, k // group_size))
             else:
                 codes, s = _absmean(w, 1 if scale == "channel" else None)
-                tensors[f"{name}.weight"] = ops.pack(codes)
-                tensors[f"{name}.weight_scale"] = s.reshape(-1)
+                enc = canonical.encode(codes, s.reshape(-1))
+            tensors.update({f"{p}.{mod}.{suffix}": t for suffix, t in enc.items()})
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     if fmt == "bitnet":
         qcfg = {"quant_method": "bitnet", "linear_class": "bitlinear",
                 "quantization_mode": "offline", "modules_to_not_convert": ["lm_head"]}
     else:
-        qcfg = {"quant_method": "ternary", "version": 1, "scale": scale,
-                "group_size": group_size if scale == "group" else None,
-                "modules_to_not_convert": ["lm_head"]}
+        qcfg = canonical.quantization_config(scale, group_size, ["lm_head"])
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": vocab, **SHAPE, "hidden_act": "silu", "rms_norm_eps": 1e-5,

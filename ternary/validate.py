@@ -63,42 +63,27 @@ class Report:
 
 
 def dense_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint as a dense float32 model would hold it: quantized
-    linears (weight + weight_scale) dequantized, everything else as stored."""
-    from safetensors.torch import load_file
+    """Every tensor of the checkpoint as a dense float32 model holds it: quantized linears
+    dequantized by ternary.formats (independently of the vLLM loading path under test),
+    everything else as stored."""
+    from safetensors import safe_open
 
-    from ternary.vllm import spec as spec_mod
+    from ternary import formats
 
-    config = json.loads((model_dir / "config.json").read_text())
-    spec = spec_mod.parse(config.get("quantization_config") or {},
-                          f"{model_dir / 'config.json'} quantization_config")
-    raw: dict[str, torch.Tensor] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        raw.update(load_file(str(f)))
     out: dict[str, torch.Tensor] = {}
-    for name, t in raw.items():
-        if name.endswith(".weight_scale"):
-            continue
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and f"{module}.weight_scale" in raw:
-            out[name] = dequantize(t, raw[f"{module}.weight_scale"], spec, module)
-        else:
-            out[name] = t.to(torch.float32) if t.is_floating_point() else t
+    with formats.Checkpoint(model_dir) as ckpt:
+        quantized = set(ckpt.module_names())
+        for name in quantized:
+            out[f"{name}.weight"] = ckpt.dequantize(name)
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            for t in sf.keys():
+                module, _, suffix = t.rpartition(".")
+                if module in quantized and suffix in ("weight", "weight_scale"):
+                    continue
+                v = sf.get_tensor(t)
+                out[t] = v.to(torch.float32) if v.is_floating_point() else v
     return out
-
-
-def dequantize(packed: torch.Tensor, scale: torch.Tensor, spec, module: str) -> torch.Tensor:
-    """float32 [N, K] of one quantized linear, in either format."""
-    from ternary import ops
-    from ternary.vllm import loading
-
-    if spec.format == "bitnet":
-        n = packed.shape[0] * 4
-        packed = loading.bitnet_to_canonical(packed, n, f"{module}.weight")
-    else:
-        n = packed.shape[0]
-    s = loading.per_channel_scale(scale, n, spec, f"{module}.weight_scale")
-    return ops.dequantize(packed, s, spec.kernel_group_size, torch.float32)
 
 
 def reference_model(model_dir: Path, dtype: torch.dtype):

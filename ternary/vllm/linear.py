@@ -8,7 +8,8 @@ Lifecycle (the order vLLM calls it in):
    across the ranks are refused here, before any weight is read.
 2. loading: a per-parameter adapter (ternary.vllm.loading) turns each checkpoint tensor
    (canonical or bitnet) into that layout, then vLLM's loader slices and copies it.
-3. process_weights_after_loading: the kernel chosen for the device repacks what it needs.
+3. process_weights_after_loading: the kernel ternary.kernels chooses for the device
+   repacks what it needs.
 4. apply: the kernel's GEMM.
 """
 
@@ -27,27 +28,15 @@ from ternary.vllm.spec import QuantSpec, TernaryConfigError
 PACK = 4  # 2-bit codes per byte along K
 
 
-class _ReferenceKernel:
-    """ternary.ops.gemm on the stored layout. Stands in for ternary.kernels' chooser until
-    that lands; same prepare/apply interface, so switching is one line in choose_kernel."""
+def choose_kernel(layer: torch.nn.Module, group_size: int):
+    """The kernel ternary.kernels' policy picks for this layer on its device (honours
+    TERNARY_KERNEL; one error listing every kernel's reason when none fits)."""
+    from ternary import kernels
 
-    name = "reference"
-
-    @staticmethod
-    def prepare(packed: torch.Tensor, scale: torch.Tensor, group_size: int):
-        return packed, scale, group_size
-
-    @staticmethod
-    def apply(x: torch.Tensor, prepared, bias: torch.Tensor | None) -> torch.Tensor:
-        from ternary import ops
-
-        packed, scale, group_size = prepared
-        return ops.gemm(x, packed, scale, group_size, bias)
-
-
-def choose_kernel(device: torch.device):
-    """The kernel for this device (the one switch point to ternary.kernels)."""
-    return _ReferenceKernel
+    w = layer.weight
+    dtype = getattr(layer, "params_dtype", None) or torch.get_default_dtype()
+    return kernels.choose(kernels.detect_platform(w.device), n=w.shape[0], k=w.shape[1] * PACK,
+                          dtype=dtype, group_size=group_size, device=w.device)
 
 
 def _logical_rows(layer: torch.nn.Module, shard_id) -> int:
@@ -138,10 +127,10 @@ class TernaryLinearMethod(LinearMethodBase):
         set_weight_attrs(weight_scale, extra_weight_attrs)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        kernel = choose_kernel(layer.weight.device)
+        gs = self.spec.kernel_group_size
+        kernel = choose_kernel(layer, gs)
         layer.ternary_kernel = kernel
-        layer.ternary_prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data,
-                                                self.spec.kernel_group_size)
+        layer.ternary_prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data, gs)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import torch
 
+from ternary import ops
+from ternary.formats import bitnet
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 
 
 def bitnet_to_canonical(packed: torch.Tensor, n: int, name: str) -> torch.Tensor:
-    """transformers' bitnet layout uint8 [ceil(N/4), K] (byte row r, bits 2i..2i+1 hold
-    logical row i*R + r) -> canonical uint8 [N, K/4]."""
+    """transformers' bitnet layout uint8 [ceil(N/4), K] (ternary.formats.bitnet) ->
+    canonical uint8 [N, K/4]."""
     if packed.dtype != torch.uint8 or packed.dim() != 2:
         raise TernaryConfigError(
             f"{name}: a bitnet weight must be uint8 [ceil(N/4), K]; got {packed.dtype} "
@@ -37,15 +39,14 @@ def bitnet_to_canonical(packed: torch.Tensor, n: int, name: str) -> torch.Tensor
             f"codes per byte along K, so this layer cannot be served quantized (add it to "
             f"modules_to_not_convert and store it dense)"
         )
-    codes = torch.stack([(packed >> (2 * i)) & 3 for i in range(4)]).reshape(4 * r, k)[:n]
-    if bool((codes == 3).any()):
-        row = int((codes == 3).any(dim=1).nonzero()[0])
+    fields = bitnet.unpack_rows(packed, n)
+    if bool((fields == 3).any()):
+        row = int((fields == 3).any(dim=1).nonzero()[0])
         raise TernaryConfigError(
             f"{name}: invalid 2-bit code 3 (only 0, 1, 2 encode -1, 0, +1), first in logical "
             f"row {row}; the file is corrupt or not bitnet-packed"
         )
-    c = codes.view(n, k // 4, 4)
-    return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).contiguous()
+    return ops.pack(fields.to(torch.int8) - 1)
 
 
 def per_channel_scale(loaded: torch.Tensor, n: int, spec: QuantSpec, name: str) -> torch.Tensor:

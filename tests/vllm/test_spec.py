@@ -70,10 +70,10 @@ def _codes(n, k, seed=0):
 
 
 def test_bitnet_to_canonical_matches_definition():
-    from ternary.tiny import _bitnet_pack
+    from ternary.formats.bitnet import pack_rows
 
     codes = _codes(12, 16)
-    packed = _bitnet_pack(codes)  # [3, 16]
+    packed = pack_rows(codes)  # [3, 16]
     # the DESIGN.md definition, element by element
     r = packed.shape[0]
     for n in range(12):

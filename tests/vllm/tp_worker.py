@@ -28,14 +28,14 @@ def codes(n, k, g):
 def checkpoint_tensors(spec, n, k, g):
     """(stored weight, stored scale, dense float32 [n, k]) in the spec's checkpoint format."""
     from ternary import ops
-    from ternary.tiny import _bitnet_pack
+    from ternary.formats.bitnet import pack_rows
 
     c = codes(n, k, g)
     if spec.format == "bitnet":
         s = torch.tensor([3.0], dtype=torch.bfloat16)
         div = spec.bitnet_linear_class == "bitlinear"
         dense = c.float() / 3.0 if div else c.float() * 3.0
-        return _bitnet_pack(c), s, dense
+        return pack_rows(c), s, dense
     if spec.scale == "group":
         gs = spec.group_size
         s = torch.rand(n, -(-k // gs), generator=g) + 0.5
