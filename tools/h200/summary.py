@@ -1,0 +1,115 @@
+"""The last thing a tools/h200 call prints: every stage run on this machine so far, then the
+build, smoke, validate and bench results from their JSON files. Standard library only (it
+runs even where ternary did not install).
+
+    python3 tools/h200/summary.py WORKDIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def rows(title: str, header: list[str], data: list[list[str]]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *data)] if data else \
+        [len(h) for h in header]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [f"-- {title}", line, "-" * len(line)]
+    out += ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)) for r in data]
+    return out
+
+
+def load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stages(work: Path) -> list[str]:
+    data = []
+    for ln in (work / "steps.tsv").read_text().splitlines() if (work / "steps.tsv").exists() else []:
+        t, name, rc, secs, note = (ln.split("\t") + [""] * 5)[:5]
+        verdict = {"0": "ok", "skip": "skipped"}.get(rc, f"FAILED rc={rc}")
+        if name == "validate" and rc == "1" and (work / "results" / "validate.json").exists():
+            verdict = "reported"  # over validate's float32 KL limit; bf16 is judged by its KL
+            note = note or "rc=1: KL over validate's float32 limit, see the KL column below"
+        data.append([t, name, verdict, secs, note[:110]])
+    return rows("stages run on this machine (oldest first)", ["time", "stage", "result", "s", "note"], data)
+
+
+def build(r: dict) -> list[str]:
+    return [f"-- build: {r.get('wheel')} torch {r.get('torch_version')} (CUDA {r.get('torch_cuda')}), "
+            f"nvcc {r.get('nvcc_version')}, SASS {r.get('sass_found')} (expected "
+            f"{r.get('sass_expected')}), compile {r.get('compile_s')} s"]
+
+
+def smoke(r: dict) -> list[str]:
+    data = []
+    for run in r.get("runs", []):
+        for c in run["checks"]:
+            data.append([run["format"], c["name"], "ok" if c["ok"] else "FAIL",
+                         f"{c['seconds']:.1f}", ("" if c["ok"] else c["detail"])[:100]])
+    return rows(f"smoke-{r.get('target')}: {'PASSED' if r.get('ok') else 'FAILED'} in "
+                f"{r.get('seconds', 0):.0f} s", ["format", "check", "result", "s", "detail"], data)
+
+
+def validate(r: dict) -> list[str]:
+    data = [[repr(p["prompt"])[:34], "identical" if p["vllm_tokens"] == p["ref_tokens"] else "differ",
+             f"{p['max_abs_logit_diff']:.3g}", f"{p['kl_ref_vllm']:.3g}"] for p in r.get("results", [])]
+    out = rows(f"validate {r.get('quant_method')} {r.get('dtype')}: "
+               f"{'OK' if r.get('ok') else 'over the limit'} (KL limit {r.get('kl_limit')})",
+               ["prompt", "greedy tokens", "max |logit diff|", "KL(ref||vLLM)"], data)
+    out.append(f"first divergent layer: {r.get('first_divergent_layer') or 'none'}")
+    return out
+
+
+def bench(r: dict) -> list[str]:
+    base = {m["name"]: m for m in r["models"] if m["ok"] and m["kind"] == "bf16"}
+    data = []
+    for m in r["models"]:
+        gib = "-" if m.get("weights_gib") is None else f"{m['weights_gib']:.3g}"
+        kern = ",".join(f"{k}x{n}" for k, n in (m.get("kernels") or {}).items()) or "-"
+        if m.get("eager"):
+            kern += " eager"
+        if not m["ok"]:
+            data.append([m["name"], gib, "-", "FAILED", "", "", "", m["error"].splitlines()[0][:60]])
+            continue
+        ref = base.get(m["name"].replace("ternary", "bf16")) if m["kind"] == "ternary" else None
+        for p in m["points"]:
+            q = next((x for x in ref["points"] if x["batch"] == p["batch"]), None) if ref else None
+            data.append([m["name"], gib, p["batch"], f"{p['tok_s']:,.0f}",
+                         f"{p['tok_s'] / q['tok_s']:.2f}" if q else "", f"{p['ttft_ms']:.1f}",
+                         f"{p['step_ms']:.2f}", kern])
+    out = rows(f"bench-serve {r['shape']}: {r['prompt_len']}-token prompts, {r['output_len']} "
+               f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}",
+               ["model", "weights GiB", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
+               data)
+    for c in r.get("comparisons", []):
+        w = c.get("weights_ratio")
+        out.append(f"{c['ternary']} / {c['bf16']}: tok/s "
+                   + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
+                   + (f"; weights {w:.3f}x" if w is not None else ""))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    work = Path(argv[1]) if len(argv) > 1 else Path("/tmp/ternary-h200")
+    out = stages(work)
+    for name, fn in (("build", build), ("smoke", smoke), ("validate", validate), ("bench", bench)):
+        r = load(work / "results" / f"{name}.json")
+        if r is None:
+            continue
+        out.append("")
+        try:
+            out += fn(r)
+        except (KeyError, TypeError, ValueError) as e:  # a partial file must not hide the rest
+            out.append(f"-- {name}: unreadable results ({type(e).__name__}: {e})")
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
