@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO log")
 
 
 def run(args) -> int:
@@ -23,6 +25,8 @@ def run(args) -> int:
     from ternary.smoke import cpu_env_defaults
 
     cpu_env_defaults()
+    if not args.verbose:  # vLLM logs every engine setting at INFO, on stdout
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     console = Console(stderr=True)
     if not (args.model_dir / "config.json").is_file():
         print(f"ternary validate: {args.model_dir}: no config.json; pass a Hugging Face model "

@@ -145,3 +145,27 @@ def test_k_not_multiple_of_4_is_refused_before_loading():
     with pytest.raises(TernaryConfigError, match=r"down_proj: K per rank = 6 \(K=12, tensor parallel 2\)"):
         TernaryLinearMethod(QuantSpec("ternary", "channel", None, ())).create_weights(
             layer, 6, [8], 12, 8, torch.float32, weight_loader=_copy_loader)
+
+
+@pytest.mark.parametrize("fmt", ["ternary", "bitnet"])
+def test_model_config_resolves_to_ternary(registered, tmp_path, fmt, monkeypatch):
+    """vLLM's own config resolution picks the method: quant_method "ternary" directly, a
+    Llama bitnet checkpoint through override_quantization_method."""
+    pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
+    from vllm.engine.arg_utils import EngineArgs
+
+    from ternary import tiny
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    model = tiny.make(tmp_path, fmt)
+    assert EngineArgs(model=str(model), dtype="float32").create_model_config().quantization == "ternary"
+
+
+def test_serve_without_vllm_says_what_to_install(monkeypatch, capsys):
+    import sys
+
+    from ternary.cli import main as cli
+
+    monkeypatch.setitem(sys.modules, "ternary.vllm.register", None)  # import fails
+    assert cli(["serve", "some-model", "--port", "1"]) == 2
+    assert "vLLM is not importable" in capsys.readouterr().err
