@@ -137,7 +137,7 @@ class Server:
     def __init__(self, cmd: list[str], port: int, log_path: Path):
         self.cmd, self.port, self.log_path = cmd, port, log_path
         self.base = f"http://127.0.0.1:{port}"
-        self.log = open(log_path, "wb")
+        self.log = open(log_path, "wb")  # noqa: SIM115 (the server writes it until stop())
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -248,7 +248,7 @@ def run_checks(server: Server, ref: Reference, run: ServerRun) -> None:
         t = time.monotonic()
         try:
             ok, detail = fn()
-        except Exception as e:  # one failed check must not hide the others
+        except Exception as e:  # noqa: BLE001 (one failed check must not hide the others)
             ok, detail = False, f"{type(e).__name__}: {e}"
         run.checks.append(Check(name, ok, time.monotonic() - t, detail))
 
@@ -297,7 +297,7 @@ def run_checks(server: Server, ref: Reference, run: ServerRun) -> None:
         prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(CONCURRENT)]
         with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
             futs = [pool.submit(_completion, server.base, p) for p in prompts]
-            done, pending = concurrent.futures.wait(futs, timeout=REQUEST_TIMEOUT_S * 2)
+            _, pending = concurrent.futures.wait(futs, timeout=REQUEST_TIMEOUT_S * 2)
         if pending:
             return False, f"{len(pending)} of {CONCURRENT} requests unanswered"
         bad = []

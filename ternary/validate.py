@@ -77,7 +77,7 @@ def dense_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
             out[f"{name}.weight"] = ckpt.dequantize(name)
     for f in sorted(model_dir.glob("*.safetensors")):
         with safe_open(str(f), "pt") as sf:
-            for t in sf.keys():
+            for t in sf.keys():  # noqa: SIM118 (safe_open is not iterable)
                 module, _, suffix = t.rpartition(".")
                 if module in quantized and suffix in ("weight", "weight_scale"):
                     continue
@@ -132,8 +132,8 @@ def vllm_engine(model_dir: Path, dtype: str, vocab: int):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
-    kwargs = dict(model=str(model_dir), dtype=dtype, enforce_eager=True, seed=0,
-                  max_model_len=256, max_logprobs=vocab, tensor_parallel_size=1)
+    kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,
+              "max_model_len": 256, "max_logprobs": vocab, "tensor_parallel_size": 1}
     try:  # compare logits themselves where vLLM can return them (>= 0.10)
         return LLM(**kwargs, logprobs_mode="raw_logits"), "logits"
     except TypeError:
@@ -251,6 +251,6 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
             tol = 1e-4 if torch_dtype == torch.float32 else 1e-1
             report.first_divergent_layer, report.layer_diffs = first_divergent_layer(
                 llm, ref, tok(results[0].prompt).input_ids, tol)
-        except Exception as e:  # the token/logit verdict stands; say why layers are unknown
+        except Exception as e:  # noqa: BLE001 (the token/logit verdict stands; say why layers are unknown)
             report.first_divergent_layer = f"(layer comparison failed: {type(e).__name__}: {e})"
     return report

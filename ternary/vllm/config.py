@@ -47,7 +47,7 @@ class TernaryConfig(QuantizationConfig):
         return []  # the spec lives in config.json's quantization_config
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "TernaryConfig":
+    def from_config(cls, config: dict[str, Any]) -> TernaryConfig:
         return cls(spec_mod.parse(dict(config)))
 
     @classmethod

@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
-from ternary import ops  # noqa: E402
-from ternary.vllm.spec import QuantSpec, TernaryConfigError  # noqa: E402
+from ternary import ops
+from ternary.vllm.spec import QuantSpec, TernaryConfigError
 
 
 @pytest.fixture(scope="module")

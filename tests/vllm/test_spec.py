@@ -7,7 +7,14 @@ import torch
 
 from ternary import ops
 from ternary.vllm import loading
-from ternary.vllm.spec import QuantSpec, TernaryConfigError, claims_bitnet, is_skipped, module_matches, parse
+from ternary.vllm.spec import (
+    QuantSpec,
+    TernaryConfigError,
+    claims_bitnet,
+    is_skipped,
+    module_matches,
+    parse,
+)
 
 
 def test_parse_canonical_defaults():

@@ -12,8 +12,8 @@ import torch
 
 pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
 
-from ternary import ops, tiny  # noqa: E402
-from ternary.cli import main as cli  # noqa: E402
+from ternary import ops, tiny
+from ternary.cli import main as cli
 
 
 def _digest(d):

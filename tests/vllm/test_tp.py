@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
-from ternary.smoke import free_port  # noqa: E402
+from ternary.smoke import free_port
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 
@@ -26,7 +26,7 @@ def run_ranks(world: int, tmp_path: Path) -> list[dict]:
     procs, outs = [], []
     for rank in range(world):
         out = tmp_path / f"rank{rank}.json"
-        log = open(tmp_path / f"rank{rank}.log", "wb")
+        log = open(tmp_path / f"rank{rank}.log", "wb")  # noqa: SIM115 (closed after wait)
         procs.append((subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), port,
                                         str(out)], stdout=log, stderr=subprocess.STDOUT, env=env),
                       log))

@@ -57,8 +57,11 @@ def finish(layer):
 
 
 def run_case(spec, rank, world, kv_heads, g):
-    from vllm.model_executor.layers.linear import (MergedColumnParallelLinear,
-                                                   QKVParallelLinear, RowParallelLinear)
+    from vllm.model_executor.layers.linear import (
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        RowParallelLinear,
+    )
 
     from ternary.vllm.config import TernaryConfig
 
