@@ -72,8 +72,30 @@ def _target_sessions(name: str) -> None:
         wsl.__doc__ = f"Build the WSL2 distribution tarball for {name} (needs root and the wheel)."
 
 
+    if t.vllm:
+        @nox.session(name=f"smoke-{name}", venv_backend="none", tags=["smoke"], default=False)
+        def smoke(session: nox.Session) -> None:
+            _run_pipeline(session, "smoke", name)
+
+        smoke.__doc__ = (f"A real {t.vllm} OpenAI server on a tiny ternary model: HTTP requests "
+                         "compared with the reference, 16 concurrent, clean stop.")
+
+
 for _name in TARGETS:
     _target_sessions(_name)
+
+# vLLM builds whose registration and TP=2 sharding the plugin tests cover on a CPU machine.
+VLLM_COMPAT = ["cpu", "h100", "a100", "current"]
+
+
+@nox.session(name="test-vllm-compat", venv_backend="none", default=False)
+@nox.parametrize("target", VLLM_COMPAT, ids=VLLM_COMPAT)
+def test_vllm_compat(session: nox.Session, target: str) -> None:
+    """The vLLM plugin's tests in the vLLM of each target (7-9 GB environments)."""
+    py = envs.ensure(TARGETS[target])
+    pipeline.install_reference(py)
+    session.run(str(py), "-P", "-m", "pytest", str(REPO / "tests" / "vllm"), *session.posargs,
+                external=True)
 
 
 @nox.session(name="ci-matrix", venv_backend="none", default=False)
@@ -97,11 +119,8 @@ def setup(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The CPU test suite in the cpu target's locked environment (README's test command)."""
-    cpu = TARGETS["cpu"]
-    py = envs.ensure(cpu)
-    session.run("uv", "pip", "install", "--quiet", "--python", str(py), "--no-deps",
-                "--no-build-isolation", "-e", str(REPO), env={"TERNARY_NO_EXTENSION": "1"},
-                external=True)
+    py = envs.ensure(TARGETS["cpu"])
+    pipeline.install_reference(py)
     session.run(str(py), "-m", "pytest", str(REPO / "tests"), *session.posargs, external=True)
 
 

@@ -35,7 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host-python", default="python3",
                    help="with --host-torch: the python that holds the host's torch")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("pytest_args", nargs="*", help="test-<target>: extra arguments for pytest")
+    p.add_argument("pytest_args", nargs="*",
+                   help="test-<target>: extra arguments for pytest; smoke-<target>: for ternary.smoke")
     return p.parse_args(argv)
 
 
@@ -154,11 +155,39 @@ def install_wheel(py: Path, wheel: Path, host_torch: bool) -> None:
     subprocess.run(cmd, check=True)
 
 
-def test(target: matrix.Target, opts: argparse.Namespace) -> int:
+def install_reference(py: Path) -> None:
+    """This checkout, editable and without ternary._C, into a target environment (CPU
+    sessions: the tests, the vLLM compatibility tests, smoke-cpu)."""
+    subprocess.run([envs.uv(), "pip", "install", "--quiet", "--python", str(py), "--no-deps",
+                    "--no-build-isolation", "-e", str(matrix.REPO)],
+                   env={**os.environ, "TERNARY_NO_EXTENSION": "1"}, check=True)
+
+
+def prepared(target: matrix.Target, opts: argparse.Namespace) -> Path:
+    """The target's python with vllm-ternary installed: the freshly built wheel where the
+    target has an arch list, else the reference-only package."""
+    if not target.arch_list:
+        py = envs.ensure(target)
+        install_reference(py)
+        return py
     report = build(target, opts)
     print_report(report)
     py = envs.ensure(target, host_torch=opts.host_torch, host_python=opts.host_python)
     install_wheel(py, matrix.REPO / report["wheel"], opts.host_torch)
+    return py
+
+
+def smoke(target: matrix.Target, opts: argparse.Namespace) -> int:
+    if not target.vllm:
+        raise envs.EnvError(f"target {target.name} has no vLLM: nothing to serve")
+    py = prepared(target, opts)
+    cmd = [str(py), "-P", "-m", "ternary.smoke", "--target", target.name, *opts.pytest_args]
+    print(f"[{target.name}] {' '.join(cmd)}", flush=True)
+    return subprocess.run(cmd, cwd=matrix.REPO).returncode
+
+
+def test(target: matrix.Target, opts: argparse.Namespace) -> int:
+    py = prepared(target, opts)
     # -P: the checkout must not shadow the installed wheel on sys.path.
     cmd = [str(py), "-P", "-m", "pytest", str(matrix.REPO / "tests"), *opts.pytest_args]
     print(f"[{target.name}] {' '.join(cmd)}", flush=True)
@@ -167,8 +196,9 @@ def test(target: matrix.Target, opts: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("build", "test"):
-        print("usage: python -m ternary._build.pipeline build|test TARGET [options]", file=sys.stderr)
+    if len(argv) < 2 or argv[0] not in ("build", "test", "smoke"):
+        print("usage: python -m ternary._build.pipeline build|test|smoke TARGET [options]",
+              file=sys.stderr)
         return 2
     action, name, rest = argv[0], argv[1], argv[2:]
     opts = parse_args(rest)
@@ -177,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         if action == "build":
             print_report(build(target, opts), opts.json)
             return 0
-        return test(target, opts)
+        return (test if action == "test" else smoke)(target, opts)
     except (checks.ToolchainError, envs.EnvError, sass.SassError, matrix.MatrixError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
