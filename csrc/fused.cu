@@ -9,9 +9,17 @@
 //   n = 32 nt + 8 f + g,   k = 64 kt + 16 t + 4 w + 2 r + h.
 // The k order is permuted inside a tile so that the same lane's A fragments (activations)
 // are 16 consecutive elements of one x row: two 16-byte loads from L1, no shared memory.
-// Codes outside [N, K] are 1 (w = 0). Decoding is LUT-free: (word >> 2j) & 0x00030003 puts
-// two codes in the mantissas of a packed half2/bfloat162 whose exponent is set by OR-ing a
-// magic number (1024 + c in fp16, 128 + c in bf16); one packed subtraction gives c - 1.
+// Codes outside [N, K] are 1 (w = 0).
+//
+// Decoding is LUT-free and has no arithmetic: `word & 0x00030003` read as a packed
+// bfloat162/half2 is a pair of subnormals c * 2^-133 (bf16) or c * 2^-24 (fp16), where
+// c = w + 1 in {0, 1, 2}: the value is linear in the bits while the exponent field is 0.
+// So the mma sums x * c (scaled), and one more mma per k16 step against a constant
+// fragment of ones sums x; y = (sum x*c - sum x) * 2^133 or 2^24 (folded into the scale).
+// For bf16 the products x * c * 2^-133 would be fp32 subnormals, so x is pre-scaled by
+// 2^100 (exact: a power of two). Pair r=1 of fragment f then sits at bits 4f+2, read as 4c
+// without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
+// 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -51,30 +59,44 @@ __global__ void repack_kernel(const uint8_t* __restrict__ packed, uint8_t* __res
   }
 }
 
-template <typename T> struct Magic;
-template <> struct Magic<__nv_bfloat16> {
-  static constexpr uint32_t kOr = 0x43004300u;   // bf16 128.0 in both halves
-  static constexpr uint32_t kSub = 0x43014301u;  // 129.0
+template <typename T> struct Dec;
+template <> struct Dec<__nv_bfloat16> {
+  static constexpr bool kSlotR1 = true;           // r=1 read at bits 2-3 as 4c, no shift
+  static constexpr uint32_t kXr0 = 0x71807180u;   // 2^100 in both halves
+  static constexpr uint32_t kXr1 = 0x70807080u;   // 2^98
+  static constexpr uint32_t kOnes0 = 0x00010001u; // 1 * 2^-133 (the correction fragment)
+  static constexpr uint32_t kOnes1 = 0x00040004u; // 4 * 2^-133, matches the 2^98 of r=1
+  static constexpr float kUnscale = 8589934592.f; // 2^33 = 2^133 / 2^100
 };
-template <> struct Magic<__half> {
-  static constexpr uint32_t kOr = 0x64006400u;   // fp16 1024.0
-  static constexpr uint32_t kSub = 0x64016401u;  // 1025.0
+template <> struct Dec<__half> {
+  // fp16 products x * c * 2^-24 are normal floats: x stays as it is, r=1 takes a shift.
+  static constexpr bool kSlotR1 = false;
+  static constexpr uint32_t kXr0 = 0, kXr1 = 0;
+  static constexpr uint32_t kOnes0 = 0x00010001u, kOnes1 = 0x00010001u;
+  static constexpr float kUnscale = 16777216.f;   // 2^24
 };
 
-template <typename T> __device__ __forceinline__ uint32_t sub2(uint32_t a, uint32_t b);
-template <> __device__ __forceinline__ uint32_t sub2<__nv_bfloat16>(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
+template <typename T>
+__device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&b)[4][2]) {
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    const uint32_t v = q >> (4 * f);
+    b[f][0] = v & 0x00030003u;
+    b[f][1] = Dec<T>::kSlotR1 ? (v & 0x000C000Cu) : ((v >> 2) & 0x00030003u);
+  }
 }
-template <> __device__ __forceinline__ uint32_t sub2<__half>(uint32_t a, uint32_t b) {
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 }
 
-template <typename T, int J> __device__ __forceinline__ uint32_t decode_pair(uint32_t q) {
-  return sub2<T>(((q >> (2 * J)) & 0x00030003u) | Magic<T>::kOr, Magic<T>::kSub);
+// Pre-scales one row's 16 x values for the bf16 subnormal decode (identity for fp16).
+template <typename T> __device__ __forceinline__ void prescale_x(uint32_t (&xr)[8]) {
+  if (!Dec<T>::kSlotR1) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) xr[i] = mul_bf16x2(xr[i], (i & 1) ? Dec<T>::kXr1 : Dec<T>::kXr0);
 }
 
 template <typename T>
@@ -117,130 +139,163 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
-// 16 consecutive elements x[row, k0 .. k0+15] as 8 packed pairs; zeros outside [m, k).
-template <typename T>
-__device__ __forceinline__ void load_x16(uint32_t (&out)[8], const T* __restrict__ x,
-                                         int64_t ldx, int row, int m, int k0, int k, bool vec) {
-  if (row >= m) {
+// 16 consecutive elements of one x row (two 16-byte loads), or zeros for a row past M
+// (row == nullptr). The host pads x to whole 64-wide tiles and 16-byte aligned rows, so no
+// K bound is checked here.
+__device__ __forceinline__ void load_x16(uint32_t (&out)[8], const uint4* row, int k0) {
+  if (row == nullptr) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = 0;
     return;
   }
-  const T* p = x + (int64_t)row * ldx + k0;
-  if (vec && k0 + 16 <= k) {
-    const uint4 v0 = __ldg(reinterpret_cast<const uint4*>(p));
-    const uint4 v1 = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-    out[0] = v0.x; out[1] = v0.y; out[2] = v0.z; out[3] = v0.w;
-    out[4] = v1.x; out[5] = v1.y; out[6] = v1.z; out[7] = v1.w;
-    return;
-  }
-  const unsigned short* ps = reinterpret_cast<const unsigned short*>(p);
+  const uint4 v0 = __ldg(row + k0 / 8), v1 = __ldg(row + k0 / 8 + 1);
+  out[0] = v0.x; out[1] = v0.y; out[2] = v0.z; out[3] = v0.w;
+  out[4] = v1.x; out[5] = v1.y; out[6] = v1.z; out[7] = v1.w;
+}
+
+// One block: 32 output channels x 16*MT rows of x. Its warps split the K tiles round-robin,
+// U tiles per batch with the next batch's loads in flight while one is decoded, then sum
+// their accumulators in a shared-memory tree (shared float atomics compile to CAS loops on
+// sm_90: 2x slower end to end in v1). Sizes fit in int (the launcher checks); offsets into
+// x and the weight are 64-bit.
+template <int MT> constexpr int max_warps() { return 8; }
+// Registers decide residency: MT=1 is capped at 64 so that 8 blocks of 4 warps fit on an SM
+// (the 4096 x 22016 grid of 688 blocks then runs in one wave instead of 1.3).
+template <int MT, bool GROUP, bool HALF> constexpr int min_blocks() {
+  return MT == 1 ? (HALF && !GROUP ? 4 : 2) : 1;
+}
+
+// HALF: M <= 8, so rows g+8 of the A fragments are known zeros (no loads, no registers).
+template <typename T, int MT, bool GROUP, bool HALF>
+__device__ __forceinline__ void fused_tile(const uint4& q, int kt, int nt, int t,
+                                           const uint4* const (&xrow)[MT][2], bool hi_rows,
+                                           int n, const float* __restrict__ scale,
+                                           int group_size, int groups,
+                                           float (&acc)[MT][4][4], float (&corr)[MT][4]) {
+  const int kseg = kt * kTileK + t * 16;
+  uint32_t xa[MT][2][8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t lo = (k0 + 2 * i < k) ? ps[2 * i] : 0u;
-    const uint32_t hi = (k0 + 2 * i + 1 < k) ? ps[2 * i + 1] : 0u;
-    out[i] = lo | (hi << 16);
+  for (int a = 0; a < MT; ++a) {
+    load_x16(xa[a][0], xrow[a][0], kseg);
+    prescale_x<T>(xa[a][0]);
+    if (HALF) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) xa[a][1][i] = 0;
+    } else {
+      load_x16(xa[a][1], xrow[a][1], kseg);
+      if (hi_rows) prescale_x<T>(xa[a][1]);  // else all zeros already
+    }
+  }
+  float part[GROUP ? MT : 1][4][4];
+  float cpart[GROUP ? MT : 1][4];
+  if (GROUP) {
+#pragma unroll
+    for (int a = 0; a < (GROUP ? MT : 1); ++a)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        cpart[a][e] = 0.f;
+#pragma unroll
+        for (int f = 0; f < 4; ++f) part[a][f][e] = 0.f;
+      }
+  }
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int wi = 0; wi < 4; ++wi) {
+    uint32_t b[4][2];
+    decode_word<T>(qw[wi], b);
+#pragma unroll
+    for (int a = 0; a < MT; ++a) {
+      const uint32_t a0 = xa[a][0][2 * wi], a1 = xa[a][1][2 * wi];
+      const uint32_t a2 = xa[a][0][2 * wi + 1], a3 = xa[a][1][2 * wi + 1];
+#pragma unroll
+      for (int f = 0; f < 4; ++f)
+        mma<T>(GROUP ? part[GROUP ? a : 0][f] : acc[a][f], a0, a1, a2, a3, b[f][0], b[f][1]);
+      mma<T>(GROUP ? cpart[GROUP ? a : 0] : corr[a], a0, a1, a2, a3, Dec<T>::kOnes0,
+             Dec<T>::kOnes1);
+    }
+  }
+  if (GROUP) {
+    // group_size is a multiple of 64, so a tile lies in one group.
+    const int gi = kt * kTileK / group_size;
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = nt * kTileN + f * 8 + 2 * t + e;
+        const float s = col < n ? __ldg(scale + (int64_t)col * groups + gi) : 0.f;
+#pragma unroll
+        for (int a = 0; a < MT; ++a) {
+          acc[a][f][e] += (part[GROUP ? a : 0][f][e] - cpart[GROUP ? a : 0][e]) * s;
+          acc[a][f][2 + e] += (part[GROUP ? a : 0][f][2 + e] - cpart[GROUP ? a : 0][2 + e]) * s;
+        }
+      }
+    }
   }
 }
 
-// One block: 32 output channels x 16*MT rows of x. Its warps split the K tiles round-robin
-// (U tiles in flight per warp), then sum their accumulators in a shared-memory tree (shared
-// float atomics compile to CAS loops on sm_90: 8x slower end to end in the first version).
-// Sizes fit in int (the launcher checks), offsets into x and the weight are 64-bit.
-template <int MT> constexpr int min_blocks() { return MT <= 2 ? 2 : 1; }
-
-template <typename T, int MT, int U, bool GROUP>
-__global__ void __launch_bounds__(256, min_blocks<MT>())
+template <typename T, int MT, int U, bool GROUP, bool HALF>
+__global__ void __launch_bounds__(max_warps<MT>() * 32, min_blocks<MT, GROUP, HALF>())
 fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                   const float* __restrict__ scale, const T* __restrict__ bias,
-                  T* __restrict__ y, int m, int n, int k, int kt_count, int group_size,
-                  int groups, bool per_tensor, bool vec_x) {
+                  T* __restrict__ y, int m, int n, int kt_count, int group_size, int groups,
+                  bool per_tensor) {
   extern __shared__ float red[];  // [nwarps / 2][16 * MT][32 lanes]
   constexpr int kAcc = MT * 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * 16 * MT;
   const int nt = blockIdx.y;
-
-  float acc[MT][4][4];
+  const uint4* xrow[MT][2];
 #pragma unroll
   for (int a = 0; a < MT; ++a)
 #pragma unroll
-    for (int f = 0; f < 4; ++f)
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + a * 16 + h * 8 + g;
+      xrow[a][h] = row < m ? reinterpret_cast<const uint4*>(x + (int64_t)row * ldx) : nullptr;
+    }
+  const bool hi_rows = m0 + 8 < m;  // (used for MT == 1 only; larger MT prescale every row)
+
+  float acc[MT][4][4], corr[MT][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[a][f][e] = 0.f;
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      corr[a][e] = 0.f;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) acc[a][f][e] = 0.f;
+    }
 
   const uint4* wt = w + (int64_t)nt * kt_count * 32 + lane;
-  for (int kt0 = warp; kt0 < kt_count; kt0 += nwarps * U) {
-    uint4 q[U];
+  const int step = nwarps * U;
+  uint4 q[U], qn[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int kt = warp + u * nwarps;
+    q[u] = kt < kt_count ? load_stream(wt + (int64_t)kt * 32) : make_uint4(0, 0, 0, 0);
+  }
+  for (int kt0 = warp; kt0 < kt_count; kt0 += step) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int kt = kt0 + u * nwarps;
-      q[u] = kt < kt_count ? load_stream(wt + (int64_t)kt * 32) : make_uint4(0, 0, 0, 0);
+      const int kt = kt0 + step + u * nwarps;
+      qn[u] = kt < kt_count ? load_stream(wt + (int64_t)kt * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * nwarps;
       if (kt >= kt_count) break;  // uniform across the warp
-      const int kseg = kt * kTileK + t * 16;
-      uint32_t xa[MT][2][8];
-#pragma unroll
-      for (int a = 0; a < MT; ++a) {
-        load_x16<T>(xa[a][0], x, ldx, m0 + a * 16 + g, m, kseg, k, vec_x);
-        load_x16<T>(xa[a][1], x, ldx, m0 + a * 16 + 8 + g, m, kseg, k, vec_x);
-      }
-      float part[GROUP ? MT : 1][4][4];
-      if (GROUP) {
-#pragma unroll
-        for (int a = 0; a < (GROUP ? MT : 1); ++a)
-#pragma unroll
-          for (int f = 0; f < 4; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) part[a][f][e] = 0.f;
-      }
-      const uint32_t qw[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-        uint32_t b[4][2];
-        b[0][0] = decode_pair<T, 0>(qw[wi]);
-        b[0][1] = decode_pair<T, 1>(qw[wi]);
-        b[1][0] = decode_pair<T, 2>(qw[wi]);
-        b[1][1] = decode_pair<T, 3>(qw[wi]);
-        b[2][0] = decode_pair<T, 4>(qw[wi]);
-        b[2][1] = decode_pair<T, 5>(qw[wi]);
-        b[3][0] = decode_pair<T, 6>(qw[wi]);
-        b[3][1] = decode_pair<T, 7>(qw[wi]);
-#pragma unroll
-        for (int a = 0; a < MT; ++a) {
-#pragma unroll
-          for (int f = 0; f < 4; ++f) {
-            if (GROUP)
-              mma<T>(part[GROUP ? a : 0][f], xa[a][0][2 * wi], xa[a][1][2 * wi],
-                     xa[a][0][2 * wi + 1], xa[a][1][2 * wi + 1], b[f][0], b[f][1]);
-            else
-              mma<T>(acc[a][f], xa[a][0][2 * wi], xa[a][1][2 * wi], xa[a][0][2 * wi + 1],
-                     xa[a][1][2 * wi + 1], b[f][0], b[f][1]);
-          }
-        }
-      }
-      if (GROUP) {
-        // group_size is a multiple of 64, so a tile lies in one group.
-        const int gi = kt * kTileK / group_size;
-#pragma unroll
-        for (int f = 0; f < 4; ++f) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = nt * kTileN + f * 8 + 2 * t + e;
-            const float s = col < n ? __ldg(scale + (int64_t)col * groups + gi) : 0.f;
-#pragma unroll
-            for (int a = 0; a < MT; ++a) {
-              acc[a][f][e] += part[GROUP ? a : 0][f][e] * s;
-              acc[a][f][2 + e] += part[GROUP ? a : 0][f][2 + e] * s;
-            }
-          }
-        }
-      }
+      fused_tile<T, MT, GROUP, HALF>(q[u], kt, nt, t, xrow, MT == 1 ? hi_rows : true, n,
+                                     scale, group_size, groups, acc, corr);
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u) q[u] = qn[u];
+  }
+  if (!GROUP) {
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+      for (int f = 0; f < 4; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[a][f][e] -= corr[a][e];
   }
   // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
   for (int half = nwarps >> 1; half >= 1; half >>= 1) {
@@ -272,8 +327,8 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
     for (int e = 0; e < 2; ++e) {
       const int col = nt * kTileN + f * 8 + 2 * t + e;
       if (col >= n) continue;
-      float s = 1.f;
-      if (!GROUP) s = per_tensor ? scale[0] : scale[col];
+      float s = Dec<T>::kUnscale;
+      if (!GROUP) s *= per_tensor ? scale[0] : scale[col];
       const float b = bias ? to_float(bias[col]) : 0.f;
 #pragma unroll
       for (int a = 0; a < MT; ++a) {
@@ -285,7 +340,7 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
   }
 }
 
-template <typename T, int MT, int U, bool GROUP>
+template <typename T, int MT, int U, bool GROUP, bool HALF = false>
 cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                          const void* bias, void* y, int64_t m, int64_t n, int64_t k,
                          int64_t group_size, bool per_tensor, int num_sms, cudaStream_t stream) {
@@ -297,19 +352,19 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
   const int64_t nt_count = (n + kTileN - 1) / kTileN;
   const int64_t mb = (m + 16 * MT - 1) / (16 * MT);
   if (nt_count > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
-  // Enough warps in flight to cover memory latency, but at least 4 K tiles per warp so the
-  // reduction stays small next to the streaming.
-  int nwarps = 2;
-  while (nwarps < 8 && mb * nt_count * nwarps < (int64_t)num_sms * 32 &&
-         kt_count >= nwarps * 2 * 4)
+  // About 16 warps per SM to keep ~64 KB of weight loads in flight, but at least two
+  // batches per warp so the double buffering has something to overlap.
+  int nwarps = 4;
+  while (nwarps < max_warps<MT>() && mb * nt_count * nwarps < (int64_t)num_sms * 16 &&
+         kt_count >= nwarps * 2 * 2 * U)
     nwarps *= 2;
-  const bool vec_x = (ldx % 8 == 0) && (reinterpret_cast<uintptr_t>(x) % 16 == 0);
+  if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int64_t groups = group_size ? (k + group_size - 1) / group_size : 1;
   const size_t smem = sizeof(float) * (nwarps / 2) * 16 * MT * 32;
   const dim3 grid((unsigned)mb, (unsigned)nt_count);
-  fused_gemm_kernel<T, MT, U, GROUP><<<grid, nwarps * 32, smem, stream>>>(
+  fused_gemm_kernel<T, MT, U, GROUP, HALF><<<grid, nwarps * 32, smem, stream>>>(
       (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      (int)m, (int)n, (int)k, kt_count, (int)group_size, (int)groups, per_tensor, vec_x);
+      (int)m, (int)n, kt_count, (int)group_size, (int)groups, per_tensor);
   return cudaGetLastError();
 }
 
@@ -318,18 +373,22 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                const float* scale, const void* bias, void* y, int64_t m,
                                int64_t n, int64_t k, int64_t group_size, bool per_tensor,
                                int num_sms, cudaStream_t stream) {
-  if (group_size) {
-    if (m <= 16)
-      return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                         per_tensor, num_sms, stream);
-    return launch_fused<T, 2, 2, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+  // x rows arrive padded to whole tiles (ops.cpp), so k here is a multiple of 64.
+  if (group_size) {  // one m16 tile per block: the per-tile group partials need the registers
+    if (m <= 8)
+      return launch_fused<T, 1, 4, true, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                               group_size, per_tensor, num_sms, stream);
+    return launch_fused<T, 1, 4, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                        per_tensor, num_sms, stream);
   }
+  if (m <= 8)
+    return launch_fused<T, 1, 2, false, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                              group_size, per_tensor, num_sms, stream);
   if (m <= 16)
-    return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+    return launch_fused<T, 1, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
   if (m <= 32)
-    return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+    return launch_fused<T, 2, 2, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
   return launch_fused<T, 4, 2, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                       per_tensor, num_sms, stream);

@@ -31,7 +31,7 @@ ENV = "TERNARY_KERNEL"
 
 # Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
 # bench/NOTES.md). Applies to every shape of the benchmark.
-FUSED_MAX_M = 256
+FUSED_MAX_M = 64
 
 
 @dataclass(frozen=True)
