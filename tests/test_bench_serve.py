@@ -123,6 +123,21 @@ def test_cli_refusals(args, match, capsys):
     assert match in " ".join(capsys.readouterr().err.split())
 
 
+def test_cli_refuses_without_vllm_but_prepares(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer",
+                "--work", str(tmp_path)]) == 2
+    assert "vLLM is not importable by" in " ".join(capsys.readouterr().err.split())
+    assert cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer,bf16",
+                "--work", str(tmp_path), "--prepare-only"]) == 0
+    assert (tmp_path / "tiny-ternary-1layer" / "model.safetensors").exists()
+    assert (tmp_path / "tiny-bf16" / "config.json").exists()
+
+
 def test_loading_gib_reads_both_log_formats():
     assert b.loading_gib("INFO [gpu_model_runner.py:1] Model loading took 12.55 GiB memory "
                          "and 3.1 seconds") == 12.55

