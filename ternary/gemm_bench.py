@@ -224,6 +224,8 @@ def render(result: dict) -> None:
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
+    if meta.get("gemlite_from"):
+        console.print(f"gemlite column from an earlier run: {meta['gemlite_from']}")
     if meta.get("gemlite_error"):
         console.print(f"gemlite: {meta['gemlite_error']}")
 
@@ -244,9 +246,33 @@ def add_arguments(p) -> None:
     p.add_argument("--no-gemlite", action="store_true", help="skip gemlite")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    p.add_argument("--render", metavar="PATH", help="print the table of a saved JSON (no GPU)")
+    p.add_argument("--gemlite-from", metavar="PATH",
+                   help="with --render: fill the gemlite column from another saved run")
+
+
+def merge_gemlite(result: dict, other: dict) -> dict:
+    """`result` with the gemlite times of `other` (an earlier run of the same shapes), its
+    source recorded in meta; rows without a match stay empty."""
+    times = {(r["k"], r["n"], r["m"]): r["us"].get("gemlite") for r in other["rows"]}
+    for r in result["rows"]:
+        r["us"]["gemlite"] = times.get((r["k"], r["n"], r["m"]))
+    result["meta"]["gemlite_from"] = {k: other["meta"].get(k) for k in
+                                      ("device", "gemlite", "copy_bandwidth_Bps", "torch")}
+    return result
 
 
 def run_cli(args) -> int:
+    if args.render:
+        import json
+
+        with open(args.render) as fh:
+            result = json.load(fh)
+        if args.gemlite_from:
+            with open(args.gemlite_from) as fh:
+                result = merge_gemlite(result, json.load(fh))
+        render(result)
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none")
     shapes = []
