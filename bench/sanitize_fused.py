@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ternary import ops  # noqa: E402
+from ternary import ops
 
 torch.manual_seed(0)
 for dtype in (torch.bfloat16, torch.float16):

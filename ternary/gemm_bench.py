@@ -124,7 +124,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
             import gemlite as gl
 
             meta["gemlite"] = gl.__version__
-        except Exception as e:  # reported in the table, not fatal
+        except Exception as e:  # noqa: BLE001 (any gemlite failure is reported, not fatal)
             meta["gemlite_error"] = f"{type(e).__name__}: {e}"
     rows: list[Row] = []
     fused = kernels.FusedKernel()
@@ -148,7 +148,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
             if gemlite and gl_err is None:
                 try:
                     layers = _gemlite_layers(codes, 1.0, dtype)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 (reported in the table)
                     gl_err = meta["gemlite_error"] = f"{type(e).__name__}: {e}"
             for m in m_values:
                 bar.update(task, description=f"K={k} N={n} M={m}")
@@ -162,15 +162,15 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 auto_prep = [choice.prepare(p, s, 0) for p, s in zip(packed, scales)] \
                     if choice.name != "fused" else prepared
                 cases = {
-                    "fused": [lambda p=p: ops.gemm_fused(x, p.repacked, p.scale, 0, n)
+                    "fused": [lambda p=p, x=x, n=n: ops.gemm_fused(x, p.repacked, p.scale, 0, n)
                               for p in prepared],
-                    "auto": [lambda p=p: choice.apply(x, p, None) for p in auto_prep],
-                    "cublas_path": [lambda p=p, s=s: torch.mm(
+                    "auto": [lambda p=p, x=x, c=choice: c.apply(x, p, None) for p in auto_prep],
+                    "cublas_path": [lambda p=p, s=s, x=x: torch.mm(
                         x, ops.dequantize(p, s, 0, dtype).t()) for p, s in zip(packed, scales)],
-                    "cublas_dense": [lambda w=w: torch.mm(x, w.t()) for w in dense],
+                    "cublas_dense": [lambda w=w, x=x: torch.mm(x, w.t()) for w in dense],
                 }
                 if layers is not None:
-                    cases["gemlite"] = [lambda lay=lay: lay(x) for lay in layers]
+                    cases["gemlite"] = [lambda lay=lay, x=x: lay(x) for lay in layers]
                 for name, calls in cases.items():
                     try:
                         row.us[name] = time_rotated(calls, replays)
@@ -273,15 +273,18 @@ def run_cli(args) -> int:
                 result = merge_gemlite(result, json.load(fh))
         render(result)
         return 0
-    if not torch.cuda.is_available():
-        raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none")
     shapes = []
     for s in args.shapes:
         try:
             k, n = (int(v) for v in s.lower().split("x"))
         except ValueError:
             raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {s!r}") from None
+        if k <= 0 or n <= 0 or k % 4:
+            raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
         shapes.append((k, n))
+    if not torch.cuda.is_available():
+        raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none "
+                         "(use --render PATH to print a saved run)")
     t0 = time.time()
     result = run(shapes, args.m, getattr(torch, args.dtype), not args.no_gemlite, args.replays,
                  partial_json=args.json)

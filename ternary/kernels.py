@@ -150,6 +150,10 @@ class FusedKernel(Kernel):
         return self.name if self.max_m is None or m <= self.max_m else "fused>cublas"
 
     def apply(self, x, prepared, bias=None):
+        if x.shape[-1] != prepared.k:
+            # the repacked shape cannot tell K apart inside the last 64-wide tile
+            raise ValueError(f"x has K={x.shape[-1]} but the layer's weight has K={prepared.k} "
+                             f"(x shape {list(x.shape)})")
         m = x.numel() // max(prepared.k, 1)
         if self.max_m is not None and m > self.max_m:
             return CublasKernel().apply(x, prepared, bias)

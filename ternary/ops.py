@@ -321,5 +321,6 @@ def unrepack(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
 def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, group_size: int,
                n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """gemm on a repacked weight of n output features: float16/bfloat16 x, group_size 0 or a
-    multiple of 64."""
+    multiple of 64. K comes from x: the repacked shape fixes it only to a multiple of 64,
+    so callers keep the true K (kernels.Prepared does and checks it)."""
     return torch.ops.ternary.gemm_fused(x, repacked, scale, group_size, n, bias)

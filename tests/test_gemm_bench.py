@@ -1,0 +1,32 @@
+"""`ternary bench` without a GPU: its refusals, and rendering the stored H200 results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ternary import cli
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_render_stored_results_with_gemlite(capsys):
+    assert cli.main(["bench", "--render", str(RESULTS / "results-h200.json"), "--gemlite-from",
+                     str(RESULTS / "results-h200-gemlite.json")]) == 0
+    out = capsys.readouterr().out
+    assert "4096 x 22016" in out and "gemlite column from an earlier run" in out
+
+
+@pytest.mark.parametrize("shape,match", [("4096by22016", "takes KxN"),
+                                         ("4098x16", "multiple of 4")])
+def test_bad_shapes(shape, match):
+    with pytest.raises(SystemExit, match=match):
+        cli.main(["bench", "--shapes", shape])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
+def test_needs_gpu():
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        cli.main(["bench", "--shapes", "64x64", "--m", "1"])

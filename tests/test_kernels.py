@@ -1,0 +1,118 @@
+"""The kernel policy (ternary/kernels.py) on injected platforms: no GPU needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary import kernels, ops
+
+GPU = kernels.Platform(system="linux", wsl=False, cuda=True, capability=(9, 0), extension=True)
+WSL_NO_EXT = kernels.Platform(system="linux", wsl=True, cuda=True, capability=(8, 9),
+                              extension=False, extension_error="undefined symbol: foo")
+WINDOWS = kernels.Platform(system="windows", wsl=False, cuda=True, capability=(8, 9),
+                           extension=True)
+CPU_ONLY = kernels.Platform(system="linux", wsl=False, cuda=False, capability=None,
+                            extension=False)
+
+
+def choose(platform, env=None, dtype=torch.bfloat16, group_size=0, device="cuda"):
+    return kernels.choose(platform, n=4096, k=4096, dtype=dtype, group_size=group_size,
+                          device=device, env=env or {})
+
+
+def test_gpu_with_extension_picks_fused():
+    assert choose(GPU).name == "fused"
+
+
+def test_wsl2_without_extension_defaults_to_cublas():
+    assert choose(WSL_NO_EXT).name == "cublas"
+    ok, why = kernels.FusedKernel().can_implement(WSL_NO_EXT, 1, 4, torch.bfloat16, 0,
+                                                  torch.device("cuda"))
+    assert not ok and "WSL2" in why and "undefined symbol: foo" in why
+
+
+def test_windows_float32_activations_take_cublas():
+    assert choose(WINDOWS, dtype=torch.float32).name == "cublas"
+
+
+def test_group_size_not_multiple_of_64_takes_cublas():
+    assert choose(GPU, group_size=48).name == "cublas"
+    ok, why = kernels.FusedKernel().can_implement(GPU, 1, 4, torch.bfloat16, 48,
+                                                  torch.device("cuda"))
+    assert not ok and "48" in why
+
+
+def test_old_gpu_refused_by_fused():
+    old = kernels.Platform(system="linux", wsl=False, cuda=True, capability=(7, 5),
+                           extension=True)
+    ok, why = kernels.FusedKernel().can_implement(old, 1, 4, torch.float16, 0,
+                                                  torch.device("cuda"))
+    assert not ok and "7.5" in why
+    assert choose(old).name == "cublas"
+
+
+def test_cpu_weights_take_reference():
+    assert choose(CPU_ONLY, device="cpu").name == "reference"
+    assert choose(GPU, device="cpu").name == "reference"
+
+
+def test_forced_kernel_is_honoured():
+    assert choose(GPU, env={"TERNARY_KERNEL": "reference"}).name == "reference"
+    assert choose(GPU, env={"TERNARY_KERNEL": "cublas"}).name == "cublas"
+
+
+def test_forced_kernel_that_cannot_run_says_why():
+    with pytest.raises(kernels.NoKernelError, match=r"TERNARY_KERNEL=fused cannot run .*"
+                                                    r"needs a CUDA GPU; none is visible"):
+        choose(CPU_ONLY, env={"TERNARY_KERNEL": "fused"})
+
+
+def test_unknown_forced_kernel():
+    with pytest.raises(kernels.NoKernelError, match=r"'bogus' is not a kernel; use one of "
+                                                    r"fused, cublas, reference"):
+        choose(GPU, env={"TERNARY_KERNEL": "bogus"})
+
+
+def test_nothing_fits_lists_every_reason():
+    with pytest.raises(kernels.NoKernelError) as e:
+        choose(GPU, dtype=torch.float64)
+    msg = str(e.value)
+    for name in ("fused:", "cublas:", "reference:"):
+        assert name in msg
+    assert "torch.float64" in msg
+
+
+def test_detect_platform_reads_wsl(monkeypatch):
+    monkeypatch.setattr(kernels, "_is_wsl", lambda: True)
+    p = kernels.detect_platform()
+    assert p.wsl and p.label == "WSL2"
+
+
+def test_fused_routes_large_m_to_cublas():
+    k = kernels.FusedKernel()
+    assert k.route(kernels.FUSED_MAX_M) == "fused"
+    assert k.route(kernels.FUSED_MAX_M + 1) == "fused>cublas"
+    assert kernels.FusedKernel(max_m=None).route(10**6) == "fused"
+
+
+@pytest.mark.parametrize("m", [3, kernels.FUSED_MAX_M + 5])
+@pytest.mark.parametrize("name", ["fused", "cublas", "reference"])
+def test_apply_matches_gemm_on_cpu(name, m):
+    n, k = 40, 200
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(n)
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    kernel = kernels.KERNELS[name]()
+    y = kernel.apply(x, kernel.prepare(packed, scale, 0), bias)
+    ref = ops.gemm(x, packed, scale, 0, bias)
+    assert y.shape == ref.shape
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+def test_fused_apply_refuses_other_k():
+    kernel = kernels.FusedKernel()
+    prepared = kernel.prepare(ops.pack(torch.zeros(8, 100, dtype=torch.int8)), torch.ones(8), 0)
+    with pytest.raises(ValueError, match="x has K=96 but the layer's weight has K=100"):
+        kernel.apply(torch.zeros(1, 96, dtype=torch.bfloat16), prepared)

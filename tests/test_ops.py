@@ -1,0 +1,142 @@
+"""The PyTorch reference of the `ternary` ops on the CPU: opcheck of every op, round trips,
+float64 comparisons and every refusal of the op contract (ternary/ops.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary import ops
+
+
+def _codes(n, k, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    return torch.randint(-1, 2, (n, k), dtype=torch.int8, generator=g)
+
+
+def _dense64(codes, scale, group_size):
+    w = codes.double()
+    if group_size:
+        return w * scale.double().repeat_interleave(group_size, dim=1)[:, : codes.shape[1]]
+    return w * scale.double().view(-1, 1)
+
+
+@pytest.mark.parametrize("n,k", [(1, 4), (33, 68), (64, 128), (70, 300), (5, 1028)])
+def test_pack_unpack_repack_round_trip(n, k):
+    codes = _codes(n, k)
+    packed = ops.pack(codes)
+    assert packed.shape == (n, k // 4)
+    assert torch.equal(ops.unpack(packed), codes)
+    repacked = ops.repack(packed)
+    assert list(repacked.shape) == ops.repacked_shape(n, k)
+    assert torch.equal(ops.unrepack(repacked, n, k), packed)
+
+
+def test_repack_layout_matches_the_kernel_index_formula():
+    """csrc/fused.cu's repack_kernel computes each byte from this formula; the reference's
+    permutation must agree with it everywhere."""
+    n, k = 40, 132
+    codes = _codes(n, k, seed=1)
+    flat = ops.repack(ops.pack(codes)).flatten().tolist()
+    kt_count = -(-k // 64)
+    for i, byte in enumerate(flat):
+        tile, r = divmod(i, 512)
+        nt, kt = divmod(tile, kt_count)
+        lane, b = divmod(r, 16)
+        g, t = divmod(lane, 4)
+        w, h, fb = b >> 2, (b >> 1) & 1, b & 1
+        for c in range(4):
+            f, rr = fb * 2 + (c >> 1), c & 1
+            nn, kk = nt * 32 + f * 8 + g, kt * 64 + t * 16 + w * 4 + rr * 2 + h
+            want = int(codes[nn, kk]) + 1 if nn < n and kk < k else 1
+            assert (byte >> (2 * c)) & 3 == want, (i, c)
+
+
+@pytest.mark.parametrize("mode,group_size", [("channel", 0), ("tensor", 0), ("group", 64),
+                                             ("group", 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gemm_reference_matches_float64(mode, group_size, dtype):
+    n, k, m = 37, 4 * 53, 5
+    codes = _codes(n, k)
+    scale = {"channel": torch.rand(n) + 0.5, "tensor": torch.rand(1) + 0.5,
+             "group": torch.rand(n, -(-k // max(group_size, 1))) + 0.5}[mode]
+    x = torch.randn(m, k).to(dtype)
+    bias = torch.randn(n).to(dtype)
+    y = ops.gemm(x, ops.pack(codes), scale, group_size, bias)
+    ref = x.double() @ _dense64(codes, scale, group_size).t() + bias.double()
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    assert err < {torch.float32: 1e-6, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    w = ops.dequantize(ops.pack(codes), scale, group_size, torch.float64)
+    assert torch.allclose(w, _dense64(codes, scale, group_size).to(torch.float32).double())
+
+
+@pytest.mark.parametrize("group_size", [0, 64, 128])
+def test_gemm_fused_reference_equals_gemm(group_size):
+    n, k = 45, 4 * 77
+    codes = _codes(n, k)
+    scale = torch.rand(n, -(-k // group_size)) if group_size else torch.rand(n)
+    packed = ops.pack(codes)
+    x = torch.randn(2, 3, k, dtype=torch.bfloat16)
+    y = ops.gemm_fused(x, ops.repack(packed), scale, group_size, n)
+    assert y.shape == (2, 3, n)
+    assert torch.equal(y, ops.gemm(x, packed, scale, group_size))
+
+
+def _samples():
+    n, k = 40, 136
+    codes = _codes(n, k, seed=2)
+    packed = ops.pack(codes)
+    scale = torch.rand(n)
+    x = torch.randn(3, k, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    return {
+        "pack": (codes,),
+        "unpack": (packed,),
+        "dequantize": (packed, scale, 0, torch.bfloat16),
+        "gemm": (x, packed, scale, 0, bias),
+        "repack": (packed,),
+        "unrepack": (ops.repack(packed), n, k),
+        "gemm_fused": (x, ops.repack(packed), scale, 0, n, bias),
+    }
+
+
+@pytest.mark.parametrize("name", list(_samples()))
+def test_opcheck(name):
+    torch.library.opcheck(getattr(torch.ops.ternary, name), _samples()[name])
+
+
+# Every refusal of the contract, each with the values in its message.
+def _fused_args(**over):
+    n, k = 32, 128
+    packed = ops.pack(_codes(n, k, seed=3))
+    args = {"x": torch.randn(2, k, dtype=torch.bfloat16), "repacked": ops.repack(packed),
+                "scale": torch.rand(n), "group_size": 0, "n": n, "bias": None}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"x": torch.randn(2, 128)}, r"gemm_fused takes .* got x torch.float32"),
+    ({"group_size": 32, "scale": torch.rand(32, 4)}, r"multiple of 64; got 32"),
+    ({"n": 64}, r"repacked must be uint8 \[2, 2, 512\]"),
+    ({"x": torch.randn(2, 200, dtype=torch.bfloat16)}, r"for n=32, K=200"),
+    ({"scale": torch.rand(31)}, r"scale must be \[N\]=\[32\]"),
+    ({"bias": torch.randn(31, dtype=torch.bfloat16)}, r"bias must be \[N\]=\[32\]"),
+    ({"bias": torch.randn(32)}, r"of x's dtype torch.bfloat16"),
+    ({"x": torch.tensor(1.0, dtype=torch.bfloat16)}, r"at least one dimension"),
+])
+def test_gemm_fused_refusals(over, match):
+    args = _fused_args(**over)
+    for fn in (ops.gemm_fused, ops._gemm_fused_fake):
+        with pytest.raises(ValueError, match=match):
+            fn(*args.values())
+
+
+def test_repack_and_unrepack_refusals():
+    with pytest.raises(ValueError, match=r"uint8 \[N, K/4\].*got torch.int8 \[4, 4\]"):
+        ops.repack(torch.zeros(4, 4, dtype=torch.int8))
+    repacked = ops.repack(ops.pack(_codes(8, 64, seed=4)))
+    with pytest.raises(ValueError, match=r"repacked must be uint8 \[1, 2, 512\]"):
+        ops.unrepack(repacked, 8, 128)
+    with pytest.raises(ValueError, match=r"k=66 must be >= 0 and k a multiple of 4"):
+        ops.unrepack(repacked, 8, 66)
