@@ -61,7 +61,8 @@ at::Tensor aligned_contiguous(const at::Tensor& t, int64_t align) {
 }
 
 void check_packed(const at::Tensor& packed) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2, msg("packed must be a uint8 [N, K/4] tensor; got ", packed.scalar_type(), " ",
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2,
+      msg("packed must be a uint8 [N, K/4] tensor; got ", packed.scalar_type(), " ",
               packed.sizes()));
   TORCH_CHECK(packed.is_cuda(), msg("packed must be a CUDA tensor; got ", packed.device()));
 }
@@ -72,17 +73,20 @@ bool check_scale(const at::Tensor& scale, int64_t n, int64_t k, int64_t group_si
               scale.scalar_type()));
   TORCH_CHECK(group_size >= 0, msg("group_size must be 0 or positive; got ", group_size));
   if (group_size == 0) {
-    TORCH_CHECK(scale.dim() == 1 && (scale.size(0) == n || scale.size(0) == 1), msg("with group_size=0 scale must be [N]=[", n, "] or [1]; got ", scale.sizes()));
+    TORCH_CHECK(scale.dim() == 1 && (scale.size(0) == n || scale.size(0) == 1),
+        msg("with group_size=0 scale must be [N]=[", n, "] or [1]; got ", scale.sizes()));
     return scale.size(0) == 1 && n != 1;
   }
   const int64_t groups = (k + group_size - 1) / group_size;
-  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == n && scale.size(1) == groups, msg("with group_size=", group_size, " and K=", k, " scale must be [", n, ", ", groups,
+  TORCH_CHECK(scale.dim() == 2 && scale.size(0) == n && scale.size(1) == groups,
+      msg("with group_size=", group_size, " and K=", k, " scale must be [", n, ", ", groups,
               "]; got ", scale.sizes()));
   return false;
 }
 
 at::Tensor pack_cuda(const at::Tensor& codes) {
-  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.size(1) % 4 == 0, msg("codes must be an int8 [N, K] tensor with K a multiple of 4; got ",
+  TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.size(1) % 4 == 0,
+      msg("codes must be an int8 [N, K] tensor with K a multiple of 4; got ",
               codes.scalar_type(), " ", codes.sizes()));
   const c10::cuda::CUDAGuard guard(codes.device());
   const at::Tensor c = aligned_contiguous(codes, 4);
@@ -131,12 +135,15 @@ at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Te
               " but the packed weight ", packed.sizes(), " holds K=", k, " inputs per row"));
   const DType dt = dtype_of(x, "x");
   const bool per_tensor = check_scale(scale, n, k, group_size);
-  TORCH_CHECK(x.device() == packed.device() && scale.device() == packed.device(), msg("x, packed and scale must be on one device; got ", x.device(), ", ",
+  TORCH_CHECK(x.device() == packed.device() && scale.device() == packed.device(),
+      msg("x, packed and scale must be on one device; got ", x.device(), ", ",
               packed.device(), ", ", scale.device()));
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
-                    bias->device() == x.device(), msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ", x.device(),
-                "; got ", bias->scalar_type(), " ", bias->sizes(), " on ", bias->device()));
+                    bias->device() == x.device(),
+                msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ",
+                    x.device(), "; got ", bias->scalar_type(), " ", bias->sizes(), " on ",
+                    bias->device()));
   }
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor x2 = x.reshape({-1, k});
@@ -177,24 +184,32 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   TORCH_CHECK(n >= 0, msg("n (output features) must be >= 0; got ", n));
   TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
                   repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
-                  repacked.size(2) == 512, msg("repacked must be uint8 [ceil(n/32), ceil(K/64), 512] = [", (n + 31) / 32, ", ",
-              (k + 63) / 64, ", 512] for n=", n, " and x's K=", k, "; got ",
-              repacked.scalar_type(), " ", repacked.sizes(), ". Make it with ternary::repack"));
+                  repacked.size(2) == 512,
+              msg("repacked must be uint8 [ceil(n/32), ceil(K/64), 512] = [", (n + 31) / 32,
+                  ", ", (k + 63) / 64, ", 512] for n=", n, " and x's K=", k, "; got ",
+                  repacked.scalar_type(), " ", repacked.sizes(),
+                  ". Make it with ternary::repack"));
   TORCH_CHECK(repacked.is_cuda() && repacked.is_contiguous() &&
-                  reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16 == 0, msg("repacked must be a contiguous CUDA tensor aligned to 16 bytes; got device ",
-              repacked.device(), ", contiguous ", repacked.is_contiguous(), ", address % 16 = ",
-              reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16));
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, msg("gemm_fused takes float16 or bfloat16 activations; got x ", x.scalar_type(),
+                  reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16 == 0,
+              msg("repacked must be a contiguous CUDA tensor aligned to 16 bytes; got device ",
+                  repacked.device(), ", contiguous ", repacked.is_contiguous(),
+                  ", address % 16 = ", reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16));
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+      msg("gemm_fused takes float16 or bfloat16 activations; got x ", x.scalar_type(),
               " (use ternary::gemm or the cublas kernel for other dtypes)"));
-  TORCH_CHECK(group_size % 64 == 0, msg("gemm_fused needs group_size 0 or a multiple of 64; got ", group_size,
+  TORCH_CHECK(group_size % 64 == 0,
+      msg("gemm_fused needs group_size 0 or a multiple of 64; got ", group_size,
               " (use ternary::gemm or the cublas kernel for this checkpoint)"));
   const bool per_tensor = check_scale(scale, n, k, group_size);
-  TORCH_CHECK(x.device() == repacked.device() && scale.device() == repacked.device(), msg("x, repacked and scale must be on one device; got ", x.device(), ", ",
+  TORCH_CHECK(x.device() == repacked.device() && scale.device() == repacked.device(),
+      msg("x, repacked and scale must be on one device; got ", x.device(), ", ",
               repacked.device(), ", ", scale.device()));
   if (bias) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
-                    bias->device() == x.device(), msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ", x.device(),
-                "; got ", bias->scalar_type(), " ", bias->sizes(), " on ", bias->device()));
+                    bias->device() == x.device(),
+                msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ",
+                    x.device(), "; got ", bias->scalar_type(), " ", bias->sizes(), " on ",
+                    bias->device()));
   }
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor x2 = x.reshape({-1, k});
