@@ -247,8 +247,8 @@ def test_comparisons_table_and_summary():
     assert "3.00 (>=3)" in text and "1.79 (>=2)" in text
     lines = b.summary_lines(report)
     assert any("weights: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln for ln in lines)
-    assert any("bf16-1layer: 2.00 ms/step at batch 1" in ln and "~500 tok/s" in ln
-               for ln in lines)
+    assert any("engine fixed cost per step: 2.00 ms (bf16-1layer, batch 1)" in ln
+               and "~500 tok/s at batch 1" in ln for ln in lines)
 
 
 def test_h200_summary_reads_bench_json(tmp_path):

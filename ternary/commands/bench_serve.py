@@ -78,6 +78,8 @@ def run(args) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     out = Console()
+    if not out.is_terminal:
+        out = Console(width=150)  # logs and device calls: keep the table's columns whole
     out.print(b.table(report))
     for line in b.summary_lines(report):
         out.print(line)
