@@ -146,11 +146,15 @@ class Server:
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
-    def wait_healthy(self, timeout: float) -> None:
+    def wait_healthy(self, timeout: float, tick=None) -> None:
+        """Polls /health once a second; `tick(elapsed_s)` reports progress."""
         import requests
 
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         while time.monotonic() < deadline:
+            if tick:
+                tick(time.monotonic() - start)
             if self.proc.poll() is not None:
                 raise SmokeError(f"the server exited with status {self.proc.returncode} before "
                                  f"becoming healthy ({' '.join(self.cmd)}); log tail:\n"
@@ -317,7 +321,8 @@ def run_checks(server: Server, ref: Reference, run: ServerRun) -> None:
     check(f"{CONCURRENT} concurrent", concurrent_requests)
 
 
-def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say) -> ServerRun:
+def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
+              status=None) -> ServerRun:
     from ternary import tiny
 
     model_dir = work / f"tiny-{fmt}"
@@ -334,7 +339,9 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say) -
     t = time.monotonic()
     try:
         try:
-            server.wait_healthy(health_timeout)
+            server.wait_healthy(health_timeout, tick=status and (
+                lambda s: status.update(f"[{fmt}] waiting for /health: {s:.0f} s "
+                                        f"(server log: {log})")))
             run.checks.append(Check("healthy", True, time.monotonic() - t))
         except SmokeError as e:
             run.checks.append(Check("healthy", False, time.monotonic() - t, str(e)))
@@ -370,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="ternary-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    runs = [smoke_one(f, launchers[f], work, args.health_timeout, console.log) for f in formats]
+    with console.status("starting") as status:
+        runs = [smoke_one(f, launchers[f], work, args.health_timeout, console.log, status)
+                for f in formats]
     ok = all(r.ok for r in runs)
     if args.json:
         print(json.dumps({"target": args.target, "ok": ok, "seconds": time.monotonic() - t0,
