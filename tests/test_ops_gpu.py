@@ -139,12 +139,34 @@ def test_pack_unpack_repack_round_trip():
         assert torch.equal(ops.unrepack(repacked, n, k), packed)
 
 
-def test_dequantize_matches_reference():
+@pytest.mark.parametrize("n,k", [(77, 260), (64, 512)])  # scalar and 16-byte-store paths
+@pytest.mark.parametrize("mode,group_size", [("channel", 0), ("group", 64), ("group", 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantize_matches_reference(n, k, mode, group_size, dtype):
     _rng()
-    codes, scale = _weights(77, 260, "group", 64)
-    packed = ops.pack(codes)
-    w = ops.dequantize(packed, scale, 64, torch.float32)
-    assert torch.allclose(w.double(), _dense64(codes, scale, 64), rtol=0, atol=0)
+    codes, scale = _weights(n, k, mode, group_size)
+    _poison((n, k), dtype)
+    w = ops.dequantize(ops.pack(codes), scale, group_size, dtype)
+    ref = _dense64(codes, scale, group_size).to(dtype)
+    assert torch.equal(w, ref), f"dequantize n={n} k={k} {mode} g={group_size} {dtype}"
+
+
+@pytest.mark.parametrize("name", ["fused", "cublas", "reference"])
+def test_kernel_classes_on_gpu(name):
+    """The policy's kernels end to end, M on both sides of FUSED_MAX_M."""
+    from ternary import kernels
+
+    _rng()
+    n, k = 300, 1028
+    codes, scale = _weights(n, k, "channel", 0)
+    kernel = kernels.KERNELS[name]()
+    prepared = kernel.prepare(ops.pack(codes), scale, 0)
+    for m in (1, kernels.FUSED_MAX_M + 36):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+        y = kernel.apply(x, prepared, bias)
+        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
+        _check(y, ref, torch.bfloat16, f"{name} m={m}")
 
 
 def _samples():
