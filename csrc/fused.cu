@@ -71,7 +71,6 @@ template <> struct Dec<__nv_bfloat16> {
 template <> struct Dec<__half> {
   // fp16 products x * c * 2^-24 are normal floats: x stays as it is, r=1 takes a shift.
   static constexpr bool kSlotR1 = false;
-  static constexpr uint32_t kXr0 = 0, kXr1 = 0;
   static constexpr uint32_t kOnes0 = 0x00010001u, kOnes1 = 0x00010001u;
   static constexpr float kUnscale = 16777216.f;   // 2^24
 };
@@ -88,15 +87,22 @@ __device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&b)[4][2]) {
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
+#if __CUDA_ARCH__ >= 900
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#else
+  // mul.bf16x2 is sm_90+; an fma with a -0.0 addend rounds the same product once and keeps
+  // the sign of zero (the current target also builds for sm_80 and sm_89).
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#endif
   return d;
 }
 
 // Pre-scales one row's 16 x values for the bf16 subnormal decode (identity for fp16).
 template <typename T> __device__ __forceinline__ void prescale_x(uint32_t (&xr)[8]) {
-  if (!Dec<T>::kSlotR1) return;
+  if constexpr (Dec<T>::kSlotR1) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) xr[i] = mul_bf16x2(xr[i], (i & 1) ? Dec<T>::kXr1 : Dec<T>::kXr0);
+    for (int i = 0; i < 8; ++i) xr[i] = mul_bf16x2(xr[i], (i & 1) ? Dec<T>::kXr1 : Dec<T>::kXr0);
+  }
 }
 
 template <typename T>
@@ -120,15 +126,6 @@ __device__ __forceinline__ void mma<__half>(float (&c)[4], uint32_t a0, uint32_t
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Weights are read once: keep them out of L1 so the activations stay there.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
 }
 
 // 16-byte global -> shared copy that bypasses L1 and the registers (a lane later reads back
