@@ -217,11 +217,11 @@ def worker(spec: dict) -> dict:
 
     batches, plen, olen = spec["batches"], spec["prompt_len"], spec["output_len"]
     vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
-    kwargs = dict(model=spec["model_dir"], dtype=spec["dtype"], seed=0,
-                  load_format=spec["load_format"], skip_tokenizer_init=True,
-                  max_model_len=plen + olen + 8, max_num_seqs=max(batches),
-                  enable_prefix_caching=False, disable_log_stats=False,
-                  enforce_eager=spec["eager"])
+    kwargs = {"model": spec["model_dir"], "dtype": spec["dtype"], "seed": 0,
+              "load_format": spec["load_format"], "skip_tokenizer_init": True,
+              "max_model_len": plen + olen + 8, "max_num_seqs": max(batches),
+              "enable_prefix_caching": False, "disable_log_stats": False,
+              "enforce_eager": spec["eager"]}
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
     t = time.monotonic()
@@ -240,7 +240,7 @@ def worker(spec: dict) -> dict:
         facts = llm.apply_model(importlib.import_module("ternary.bench_serve").model_facts)
         result["facts"] = {"bytes": sum(f["bytes"] for f in facts),
                            "kernels": facts[0]["kernels"]}
-    except Exception as e:  # the timings stand without it; say why it is missing
+    except Exception as e:  # noqa: BLE001 (the timings stand without it; say why it is missing)
         result["facts_error"] = f"{type(e).__name__}: {e}"
 
     def sp(n):

@@ -116,8 +116,14 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
                   shard_bytes: int = SHARD_BYTES) -> tuple[Path, bool]:
     """Writes the random ternary model; returns (dir, written). A directory already written
     with the same dims and seed is kept as it is (written False)."""
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
     from ternary.formats.files import ShardWriter
 

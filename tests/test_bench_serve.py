@@ -70,8 +70,7 @@ def test_write_ternary_is_deterministic_readable_and_reused(tmp_path):
     for name in ("model.layers.0.mlp.down_proj", "model.layers.0.self_attn.k_proj"):
         wa, wb = dequantize(a, name), dequantize(b_, name)
         assert torch.equal(wa, wb)
-        assert wa.shape == (dims["hidden_size"] if "down" in name else dims["hidden_size"],
-                            dims["intermediate_size"] if "down" in name else dims["hidden_size"])
+        assert wa.shape == bigmodel.linear_shapes(dims)[name.split(".", 3)[3]]
     c, _ = bigmodel.write_ternary(tmp_path / "c", dims, seed=4, progress=False)
     assert not torch.equal(dequantize(a, "model.layers.0.mlp.up_proj"),
                            dequantize(c, "model.layers.0.mlp.up_proj"))
@@ -136,6 +135,15 @@ def test_cli_refuses_without_vllm_but_prepares(tmp_path, monkeypatch, capsys):
                 "--work", str(tmp_path), "--prepare-only"]) == 0
     assert (tmp_path / "tiny-ternary-1layer" / "model.safetensors").exists()
     assert (tmp_path / "tiny-bf16" / "config.json").exists()
+
+
+def test_cli_reports_an_unwritable_work_dir(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer",
+                "--work", str(blocker), "--prepare-only"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"writing under --work {blocker} failed" in err and "needs 2.2 GB" in err
 
 
 def test_loading_gib_reads_both_log_formats():

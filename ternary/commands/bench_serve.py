@@ -67,13 +67,18 @@ def run(args) -> int:
         return 2
     cpu_env_defaults()
     work = args.work or Path(tempfile.mkdtemp(prefix="ternary-bench-serve-"))
-    if args.prepare_only:
-        b.prepare_models(work, args.shape, names, args.seed, err.log)
-        return 0
-    report = b.bench(names, batches, work, args.logs or work / "logs", args.shape,
-                     args.prompt_len, args.output_len, args.repeats, args.dtype, args.budget,
-                     args.timeout, args.enforce_eager, not args.no_eager_fallback,
-                     args.gpu_memory_utilization, args.seed, err.log)
+    try:
+        if args.prepare_only:
+            b.prepare_models(work, args.shape, names, args.seed, err.log)
+            return 0
+        report = b.bench(names, batches, work, args.logs or work / "logs", args.shape,
+                         args.prompt_len, args.output_len, args.repeats, args.dtype, args.budget,
+                         args.timeout, args.enforce_eager, not args.no_eager_fallback,
+                         args.gpu_memory_utilization, args.seed, err.log)
+    except OSError as e:  # the models or logs could not be written
+        err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
+                  f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")
+        return 2
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

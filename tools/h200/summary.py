@@ -41,9 +41,9 @@ def stages(work: Path) -> list[str]:
 
 
 def build(r: dict) -> list[str]:
-    return [f"-- build: {r.get('wheel')} torch {r.get('torch_version')} (CUDA {r.get('torch_cuda')}), "
-            f"nvcc {r.get('nvcc_version')}, SASS {r.get('sass_found')} (expected "
-            f"{r.get('sass_expected')}), compile {r.get('compile_s')} s"]
+    return [(f"-- build: {r.get('wheel')} torch {r.get('torch_version')} (CUDA "
+             f"{r.get('torch_cuda')}), nvcc {r.get('nvcc_version')}, SASS {r.get('sass_found')} "
+             f"(expected {r.get('sass_expected')}), compile {r.get('compile_s')} s")]
 
 
 def smoke(r: dict) -> list[str]:
