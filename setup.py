@@ -92,7 +92,8 @@ def _extension_kwargs() -> dict:
     else:
         cxx = ["-O3", "-g0", *prefix_maps]
         nvcc_host = [f"-Xcompiler={m}" for m in prefix_maps]
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.c[pu]*"))
+    sources = sorted(str(p.relative_to(ROOT)) for pattern in ("*.cpp", "*.cu")
+                     for p in (ROOT / "csrc").glob(pattern))
     ext = CUDAExtension(
         name="ternary._C",
         sources=sources,

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "dtype.cuh"
 #include "kernels.h"
 
 namespace ternary {
@@ -26,13 +27,6 @@ __global__ void unpack_kernel(const uint8_t* __restrict__ packed, int8_t* __rest
     reinterpret_cast<char4*>(codes)[i] =
         make_char4((b & 3) - 1, ((b >> 2) & 3) - 1, ((b >> 4) & 3) - 1, ((b >> 6) & 3) - 1);
   }
-}
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
 }
 
 template <typename T>

@@ -4,6 +4,7 @@ and every target environment is created from it with --require-hashes."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -103,7 +104,7 @@ def ensure(target: matrix.Target, *, host_torch: bool = False, host_python: str 
     py = venv_python(venv)
     if host_torch:
         if not py.exists():
-            subprocess.run([host_python, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+            _host_venv(venv, host_python)
         return py
     lock_file = lock_path(target)
     if not lock_file.exists():
@@ -122,6 +123,22 @@ def ensure(target: matrix.Target, *, host_torch: bool = False, host_python: str 
     subprocess.run(cmd, check=True)
     stamp.write_text(lock_digest(target))
     return py
+
+
+def _host_venv(venv: Path, host_python: str) -> None:
+    """A venv that sees the host python's packages (torch above all) and installs into its own
+    site-packages. The host python may itself be a venv (the H200's /opt/torch/.venv), where
+    --system-site-packages would reach the base interpreter instead: a .pth file adds the
+    host's site-packages directories explicitly."""
+    subprocess.run([host_python, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+                   check=True)
+    host_sites = subprocess.run([host_python, "-c", "import site, json; print(json.dumps(site.getsitepackages()))"],
+                                capture_output=True, text=True, check=True).stdout
+    py = venv_python(venv)
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in json.loads(host_sites))
+    Path(purelib, "_ternary_host_packages.pth").write_text(lines)
 
 
 def lock_dev() -> Path:

@@ -44,3 +44,16 @@ def test_missing_lock_is_a_clear_error(tmp_path, monkeypatch):
     t = matrix.get("windows")  # no lock file here
     with pytest.raises(envs.EnvError, match="nox -s lock"):
         envs.ensure(t)
+
+
+def test_host_torch_venv_sees_the_host_packages_even_from_a_venv(tmp_path, monkeypatch):
+    # The test's own interpreter is a venv (like the H200's /opt/torch/.venv): the host venv
+    # must still see its packages and install into its own prefix.
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TERNARY_VENVS", str(tmp_path))
+    py = envs.ensure(matrix.get("h200"), host_torch=True, host_python=sys.executable)
+    out = subprocess.run([str(py), "-c", "import sys, pytest; print(sys.prefix)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(tmp_path / "h200-host")

@@ -103,18 +103,14 @@ assert any(e.value == 'ternary.vllm_plugin:register' for e in m.entry_points(gro
 " >/dev/null 2>&1)
 }
 
-# A venv over the host python's packages. The host python3 is itself a venv on that
-# machine, and --system-site-packages would reach the base interpreter's packages, not its
-# torch, so a .pth adds the host's site-packages; --without-pip: no ensurepip needed.
+# The pipeline's venv over the host python's packages (ternary._build.envs: the host python3
+# is itself a venv there, so its site-packages are added by a .pth).
 ensure_venv() {
   [ -n "${TERNARY_PY:-}" ] && return 0
-  local venv=$TERNARY_VENVS/h200-host
-  [ -x "$venv/bin/python" ] && return 0
-  python3 -m venv --without-pip --system-site-packages "$venv" || return 1
-  local site; site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({p!r})' for p in site.getsitepackages()))" \
-    > "$site/_ternary_host_packages.pth"
-  "$venv/bin/python" -c "import torch, pip; print('venv', '$venv', 'torch', torch.__version__)"
+  python3 -c "import sys; sys.path.insert(0, '.')
+from ternary._build import envs, matrix
+print('venv', envs.ensure(matrix.get('h200'), host_torch=True))" || return 1
+  "$VPY" -c "import torch, pip; print('torch', torch.__version__)"
 }
 
 stage_setup() {
