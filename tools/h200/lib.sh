@@ -184,6 +184,11 @@ need() {  # what a stage needs: vllm and/or ternary (the wheel is built when mis
   done
 }
 
+stage_doctor() {
+  need ternary || { record doctor 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step doctor 60 10 bash -c "'$VPY' -m ternary doctor --json > '$W/results/doctor.json'"
+}
+
 stage_vllm_tests() {
   need vllm ternary || { record vllm-tests 1 0 "prerequisite missing (see above)"; return 1; }
   run_step vllm-tests 240 40 "$VPY" -P -m pytest "$REPO/tests/vllm" -q -p no:cacheprovider
@@ -228,7 +233,7 @@ h200_finish() {
   ternary_ready && py=$VPY
   "$py" "$REPO/tools/h200/summary.py" "$W" > "$W/summary.txt" 2>&1
   cp "$W/summary.txt" "$STEPS" "$OUT/" 2>/dev/null
-  for f in build smoke validate bench; do
+  for f in build doctor smoke validate bench; do
     [ -s "$W/results/$f.json" ] && cp "$W/results/$f.json" "$OUT/$f.json"
   done
   # one archive for every log (8 files at most come back, 16 MiB each)
