@@ -5,7 +5,8 @@ a model is built."""
 from __future__ import annotations
 
 
-def register() -> None:
+def register() -> str:
+    """Returns how it registered ("api", "dict" or "already"; `ternary doctor` shows it)."""
     from ternary.vllm.register import register as _register
 
-    _register()
+    return _register()
