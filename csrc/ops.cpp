@@ -127,6 +127,29 @@ at::Tensor dequantize_cuda(const at::Tensor& packed, const at::Tensor& scale, in
   return out;
 }
 
+// bias: [N] of x's dtype on x's device (both gemm ops take it in the epilogue).
+void check_bias(const std::optional<at::Tensor>& bias, const at::Tensor& x, int64_t n) {
+  if (!bias) return;
+  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
+                  bias->device() == x.device(),
+              msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ", x.device(),
+                  "; got ", bias->scalar_type(), " ", bias->sizes(), " on ", bias->device()));
+}
+
+// x [..., K] as rows [M, K] with unit stride along K, and the output's shape [..., N].
+struct Rows {
+  at::Tensor x2;
+  std::vector<int64_t> out_shape;
+};
+
+Rows rows_of(const at::Tensor& x, int64_t k, int64_t n) {
+  at::Tensor x2 = x.reshape({-1, k});
+  if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(n);
+  return {x2, out_shape};
+}
+
 at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                      int64_t group_size, const std::optional<at::Tensor>& bias) {
   check_packed(packed);
@@ -138,19 +161,12 @@ at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Te
   TORCH_CHECK(x.device() == packed.device() && scale.device() == packed.device(),
       msg("x, packed and scale must be on one device; got ", x.device(), ", ",
               packed.device(), ", ", scale.device()));
-  if (bias) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
-                    bias->device() == x.device(),
-                msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ",
-                    x.device(), "; got ", bias->scalar_type(), " ", bias->sizes(), " on ",
-                    bias->device()));
-  }
+  check_bias(bias, x, n);
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor x2 = x.reshape({-1, k});
-  if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
+  const Rows r = rows_of(x, k, n);
+  at::Tensor x2 = r.x2;
   const int64_t m = x2.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-  out_shape.push_back(n);
+  const std::vector<int64_t>& out_shape = r.out_shape;
   if (k == 0) {
     at::Tensor y = at::zeros(out_shape, x.options());
     return bias ? y.add_(*bias) : y;
@@ -204,19 +220,12 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   TORCH_CHECK(x.device() == repacked.device() && scale.device() == repacked.device(),
       msg("x, repacked and scale must be on one device; got ", x.device(), ", ",
               repacked.device(), ", ", scale.device()));
-  if (bias) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == x.scalar_type() &&
-                    bias->device() == x.device(),
-                msg("bias must be [N]=[", n, "] of x's dtype ", x.scalar_type(), " on ",
-                    x.device(), "; got ", bias->scalar_type(), " ", bias->sizes(), " on ",
-                    bias->device()));
-  }
+  check_bias(bias, x, n);
   const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor x2 = x.reshape({-1, k});
-  if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
+  const Rows r = rows_of(x, k, n);
+  at::Tensor x2 = r.x2;
   const int64_t m = x2.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-  out_shape.push_back(n);
+  const std::vector<int64_t>& out_shape = r.out_shape;
   if (k == 0) {
     at::Tensor y = at::zeros(out_shape, x.options());
     return bias ? y.add_(*bias) : y;
