@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
@@ -128,4 +129,19 @@ def _build_dirs() -> dict:
     return {"options": {"build": {"build_base": base}, "bdist_wheel": {"bdist_dir": f"{base}/bdist"}}}
 
 
-setup(version=_version(), **_extension_kwargs(), **_build_dirs())
+class BuildPyWithMatrix(build_py):
+    """Ships envs/targets.toml inside the package (ternary/_build/targets.toml), so an
+    installed wheel (doctor, the build-system tests on a GPU host) reads the same matrix."""
+
+    def run(self):
+        super().run()
+        dest = Path(self.build_lib) / "ternary" / "_build" / "targets.toml"
+        self.copy_file(str(ROOT / "envs" / "targets.toml"), str(dest))
+
+
+def _cmdclass(kwargs: dict) -> dict:
+    kwargs.setdefault("cmdclass", {})["build_py"] = BuildPyWithMatrix
+    return kwargs
+
+
+setup(version=_version(), **_cmdclass(_extension_kwargs()), **_build_dirs())

@@ -3,7 +3,14 @@ compiled extension are present, and are reported as skipped, with the reason, el
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+# test-<target> runs these tests against an installed wheel: the build-system tests still
+# read this checkout's envs/ (locks, targets.toml).
+os.environ.setdefault("TERNARY_REPO", str(Path(__file__).resolve().parents[1]))
 
 
 def _gpu_skip_reason() -> str | None:

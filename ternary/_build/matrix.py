@@ -7,8 +7,13 @@ import os
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-TARGETS_TOML = REPO / "envs" / "targets.toml"
+# The checkout: this file's, or TERNARY_REPO's where the package is installed from a wheel
+# and the tests of a checkout run against it (test-<target>).
+REPO = Path(os.environ.get("TERNARY_REPO") or Path(__file__).resolve().parents[2])
+# A checkout reads envs/targets.toml itself; an installed wheel carries the copy that
+# setup.py puts beside this module at build time.
+TARGETS_TOML = next((p for p in (REPO / "envs" / "targets.toml", Path(__file__).with_name("targets.toml"))
+                     if p.is_file()), REPO / "envs" / "targets.toml")
 
 
 class MatrixError(ValueError):

@@ -98,7 +98,7 @@ vllm_ready() { (cd "$W" && "${TERNARY_PY:-python3}" -c "import vllm" >/dev/null 
 ternary_ready() {
   (cd "$W" && "$VPY" -P -c "
 import importlib.metadata as m, ternary
-if '${REQUIRE_C:-1}' == '1': import ternary._C
+if '${REQUIRE_C:-1}' == '1': import torch, ternary._C  # _C links against torch's libraries
 assert any(e.value == 'ternary.vllm_plugin:register' for e in m.entry_points(group='vllm.general_plugins'))
 " >/dev/null 2>&1)
 }
@@ -107,7 +107,7 @@ assert any(e.value == 'ternary.vllm_plugin:register' for e in m.entry_points(gro
 # is itself a venv there, so its site-packages are added by a .pth).
 ensure_venv() {
   [ -n "${TERNARY_PY:-}" ] && return 0
-  python3 -c "import sys; sys.path.insert(0, '.')
+  python3 -c "import sys; sys.path.insert(0, '$REPO')
 from ternary._build import envs, matrix
 print('venv', envs.ensure(matrix.get('h200'), host_torch=True))" || return 1
   "$VPY" -c "import torch, pip; print('torch', torch.__version__)"
