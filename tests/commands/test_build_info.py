@@ -8,7 +8,8 @@ import sys
 
 
 def _ternary(*args):
-    return subprocess.run([sys.executable, "-m", "ternary", *args], capture_output=True, text=True,
+    # -P: run the installed package, not a checkout in the working directory
+    return subprocess.run([sys.executable, "-P", "-m", "ternary", *args], capture_output=True, text=True,
                           check=True).stdout
 
 
