@@ -395,7 +395,44 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                       per_tensor, num_sms, stream);
 }
 
+// The inverse of repack_kernel: one canonical byte (four codes along K) per iteration,
+// gathered from the tile positions repack_kernel put them at. The large-M route of the fused
+// kernel dequantizes from here, so a layer keeps only the repacked weight in memory.
+__global__ void unrepack_kernel(const uint8_t* __restrict__ repacked, uint8_t* __restrict__ out,
+                                int64_t n, int64_t k, int64_t kt_count) {
+  const int64_t kb = k / 4, total = n * kb;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t nn = i / kb, k0 = (i % kb) * 4;
+    const int64_t nt = nn / kTileN;
+    const int f = (int)(nn % kTileN) / 8, g = (int)(nn % 8);
+    unsigned v = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t kk = k0 + j;
+      const int64_t kt = kk / kTileK;
+      const int kr = (int)(kk % kTileK);
+      const int t = kr / 16, w = (kr % 16) / 4, rr = (kr % 4) / 2, h = kr % 2;
+      const int lane = g * 4 + t, byte = (w << 2) | (h << 1) | (f >> 1), slot = (f & 1) * 2 + rr;
+      const uint8_t b = repacked[(nt * kt_count + kt) * kTileBytes + lane * 16 + byte];
+      v |= ((b >> (2 * slot)) & 3u) << (2 * j);
+    }
+    out[i] = (uint8_t)v;
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_unrepack(const uint8_t* repacked, uint8_t* out, int64_t n, int64_t k,
+                            cudaStream_t stream) {
+  const int64_t total = n * (k / 4);
+  if (total == 0) return cudaSuccess;
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  unrepack_kernel<<<(unsigned)blocks, 256, 0, stream>>>(repacked, out, n, k,
+                                                        (k + kTileK - 1) / kTileK);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,
                           cudaStream_t stream) {

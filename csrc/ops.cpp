@@ -193,6 +193,25 @@ at::Tensor repack_cuda(const at::Tensor& packed) {
   return out;
 }
 
+at::Tensor unrepack_cuda(const at::Tensor& repacked, int64_t n, int64_t k) {
+  TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
+              msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
+  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
+                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
+                  repacked.size(2) == 512,
+              msg("repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64, ", 512] for n=",
+                  n, ", K=", k, "; got ", repacked.scalar_type(), " ", repacked.sizes(),
+                  ". Make it with ternary::repack"));
+  TORCH_CHECK(repacked.is_cuda(), msg("repacked must be a CUDA tensor; got ", repacked.device()));
+  const c10::cuda::CUDAGuard guard(repacked.device());
+  const at::Tensor r = repacked.contiguous();
+  at::Tensor out = at::empty({n, k / 4}, r.options());
+  check_cuda(launch_unrepack(r.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k,
+                             at::cuda::getCurrentCUDAStream()),
+             "unrepack");
+  return out;
+}
+
 at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, const at::Tensor& scale,
                            int64_t group_size, int64_t n, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() >= 1, msg("x must have at least one dimension; got ", x.sizes()));
@@ -258,6 +277,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("dequantize", &dequantize_cuda);
   m.impl("gemm", &gemm_cuda);
   m.impl("repack", &repack_cuda);
+  m.impl("unrepack", &unrepack_cuda);
   m.impl("gemm_fused", &gemm_fused_cuda);
 }
 

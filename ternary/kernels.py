@@ -142,8 +142,10 @@ class FusedKernel(Kernel):
     def prepare(self, packed, scale, group_size):
         p = super().prepare(packed, scale, group_size)
         p.repacked = ops.repack(packed)
-        if self.max_m is None:
-            p.packed = None  # never needed: keep only the fused layout in memory
+        # Only the fused layout stays in memory: the large-M route unrepacks on the fly
+        # (one pass over the 2-bit weight, small next to that route's GEMM) instead of
+        # holding a second copy of every weight.
+        p.packed = None
         return p
 
     def route(self, m):
@@ -156,7 +158,8 @@ class FusedKernel(Kernel):
                              f"(x shape {list(x.shape)})")
         m = x.numel() // max(prepared.k, 1)
         if self.max_m is not None and m > self.max_m:
-            return CublasKernel().apply(x, prepared, bias)
+            packed = ops.unrepack(prepared.repacked, prepared.n, prepared.k)
+            return CublasKernel.matmul(x, packed, prepared, bias)
         return ops.gemm_fused(x, prepared.repacked, prepared.scale, prepared.group_size,
                               prepared.n, bias)
 
@@ -173,7 +176,13 @@ class CublasKernel(Kernel):
         return True, "ok"
 
     def apply(self, x, prepared, bias=None):
-        w = ops.dequantize(prepared.packed, prepared.scale, prepared.group_size, x.dtype)
+        return self.matmul(x, prepared.packed, prepared, bias)
+
+    @staticmethod
+    def matmul(x, packed, prepared, bias=None):
+        """Dequantize to x's dtype, then torch.mm (cuBLAS); the bias is added apart, as an
+        addmm epilogue would go through cublasLt."""
+        w = ops.dequantize(packed, prepared.scale, prepared.group_size, x.dtype)
         y = torch.mm(x.reshape(-1, prepared.k), w.t())
         if bias is not None:
             y += bias

@@ -116,3 +116,18 @@ def test_fused_apply_refuses_other_k():
     prepared = kernel.prepare(ops.pack(torch.zeros(8, 100, dtype=torch.int8)), torch.ones(8), 0)
     with pytest.raises(ValueError, match="x has K=96 but the layer's weight has K=100"):
         kernel.apply(torch.zeros(1, 96, dtype=torch.bfloat16), prepared)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_fused_keeps_one_weight_copy_and_both_routes_match(m):
+    # One copy of the 2-bit weight in memory (the repacked one), whichever route a call takes.
+    n, k = 40, 132
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(n) + 0.5
+    kernel = kernels.FusedKernel(max_m=2)
+    prepared = kernel.prepare(packed, scale, 0)
+    assert prepared.packed is None and prepared.repacked is not None
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    want = ops.gemm(x, packed, scale, 0, None).float()
+    got = kernel.apply(x, prepared).float()
+    assert torch.allclose(got, want, rtol=1e-2, atol=1e-2)
