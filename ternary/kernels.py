@@ -142,10 +142,13 @@ class FusedKernel(Kernel):
     def prepare(self, packed, scale, group_size):
         p = super().prepare(packed, scale, group_size)
         p.repacked = ops.repack(packed)
-        # Only the fused layout stays in memory: the large-M route unrepacks on the fly
-        # (one pass over the 2-bit weight, small next to that route's GEMM) instead of
-        # holding a second copy of every weight.
-        p.packed = None
+        # The large-M route dequantizes the canonical copy for cuBLAS. Keeping it doubles the
+        # 2-bit weight memory; dropping it (max_m=None, or p.packed = None) makes that route
+        # unrepack on the fly, which bench/NOTES.md measured at +95 us (M=256) and +160 us
+        # (M=4096) on 4096x22016 with today's gather kernel: a second copy is the cheaper
+        # default until unrepack reads whole tiles.
+        if self.max_m is None:
+            p.packed = None
         return p
 
     def route(self, m):
@@ -158,7 +161,9 @@ class FusedKernel(Kernel):
                              f"(x shape {list(x.shape)})")
         m = x.numel() // max(prepared.k, 1)
         if self.max_m is not None and m > self.max_m:
-            packed = ops.unrepack(prepared.repacked, prepared.n, prepared.k)
+            packed = prepared.packed
+            if packed is None:
+                packed = ops.unrepack(prepared.repacked, prepared.n, prepared.k)
             return CublasKernel.matmul(x, packed, prepared, bias)
         return ops.gemm_fused(x, prepared.repacked, prepared.scale, prepared.group_size,
                               prepared.n, bias)

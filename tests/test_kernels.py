@@ -119,14 +119,17 @@ def test_fused_apply_refuses_other_k():
 
 
 @pytest.mark.parametrize("m", [1, 5])
-def test_fused_keeps_one_weight_copy_and_both_routes_match(m):
-    # One copy of the 2-bit weight in memory (the repacked one), whichever route a call takes.
+@pytest.mark.parametrize("one_copy", [False, True])
+def test_fused_routes_match_with_or_without_the_canonical_copy(m, one_copy):
+    # Without the canonical copy, the large-M route unrepacks the fused layout on the fly.
     n, k = 40, 132
     codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
     packed, scale = ops.pack(codes), torch.rand(n) + 0.5
     kernel = kernels.FusedKernel(max_m=2)
     prepared = kernel.prepare(packed, scale, 0)
-    assert prepared.packed is None and prepared.repacked is not None
+    assert prepared.packed is not None and prepared.repacked is not None
+    if one_copy:
+        prepared.packed = None
     x = torch.randn(m, k, dtype=torch.bfloat16)
     want = ops.gemm(x, packed, scale, 0, None).float()
     got = kernel.apply(x, prepared).float()
