@@ -135,7 +135,10 @@ class BuildPyWithMatrix(build_py):
 
     def run(self):
         super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads the checkout's envs/targets.toml itself
         dest = Path(self.build_lib) / "ternary" / "_build" / "targets.toml"
+        self.mkpath(str(dest.parent))
         self.copy_file(str(ROOT / "envs" / "targets.toml"), str(dest))
 
 

@@ -47,3 +47,27 @@ def test_cpu_torch_refused_before_compiling(tmp_path):
     proc = _wheel(tmp_path, TERNARY_ARCH_LIST="9.0a", CUDA_HOME=str(nvcc.parents[1]))
     assert proc.returncode != 0
     assert "CPU build" in proc.stderr + proc.stdout
+
+
+def test_editable_install_builds(tmp_path):
+    # `nox -s tests` and test-vllm-compat install the checkout editable into target envs.
+    import shutil
+
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH")
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "--system-site-packages", "--python", sys.executable, str(venv)],
+                   check=True)
+    proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
+                           "--no-deps", "--no-build-isolation", "-e", str(REPO)],
+                          env={**os.environ, "TERNARY_NO_EXTENSION": "1"}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_wheel_carries_the_target_matrix(tmp_path):
+    proc = _wheel(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (whl,) = (tmp_path / "dist").glob("vllm_ternary-*.whl")
+    z = zipfile.ZipFile(whl)
+    assert z.read("ternary/_build/targets.toml") == (REPO / "envs" / "targets.toml").read_bytes()
