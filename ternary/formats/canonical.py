@@ -56,14 +56,7 @@ def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
 
 
 def module_names(files: ModelFiles) -> list[str]:
-    """Modules with a uint8 weight or a weight_scale."""
-    names = set()
-    for t in files.names():
-        if t.endswith(".weight_scale"):
-            names.add(t[: -len(".weight_scale")])
-        elif t.endswith(".weight") and files.dtype(t) == "U8":
-            names.add(t[: -len(".weight")])
-    return sorted(names)
+    return m.quantized_module_names(files, "U8")
 
 
 def read(files: ModelFiles, name: str, state: dict,

@@ -89,6 +89,17 @@ class TernaryModule:
         return {"-1": int(counts[0]), "0": int(counts[1]), "+1": int(counts[2])}
 
 
+def quantized_module_names(files: ModelFiles, code_dtype: str) -> list[str]:
+    """Modules with a weight_scale, or a weight stored in the format's code dtype."""
+    names = set()
+    for t in files.names():
+        if t.endswith(".weight_scale"):
+            names.add(t[: -len(".weight_scale")])
+        elif t.endswith(".weight") and files.dtype(t) == code_dtype:
+            names.add(t[: -len(".weight")])
+    return sorted(names)
+
+
 def expand_scale(scale: torch.Tensor, n: int, k: int, group_size: int) -> torch.Tensor:
     if group_size:
         return scale.repeat_interleave(group_size, dim=1)[:, :k]

@@ -126,13 +126,7 @@ def prepare(files: ModelFiles, problems: list[Problem], code_map: str | None = N
 
 
 def module_names(files: ModelFiles) -> list[str]:
-    names = set()
-    for t in files.names():
-        if t.endswith(".weight_scale"):
-            names.add(t[: -len(".weight_scale")])
-        elif t.endswith(".weight") and files.dtype(t) == "I8":
-            names.add(t[: -len(".weight")])
-    return sorted(names)
+    return m.quantized_module_names(files, "I8")
 
 
 def _group(files, st, scale, n, k, state, problems) -> tuple[torch.Tensor, int, str] | None:
