@@ -143,10 +143,10 @@ class FusedKernel(Kernel):
         p = super().prepare(packed, scale, group_size)
         p.repacked = ops.repack(packed)
         # The large-M route dequantizes the canonical copy for cuBLAS. Keeping it doubles the
-        # 2-bit weight memory; dropping it (max_m=None, or p.packed = None) makes that route
-        # unrepack on the fly, which bench/NOTES.md measured at +95 us (M=256) and +160 us
-        # (M=4096) on 4096x22016 with today's gather kernel: a second copy is the cheaper
-        # default until unrepack reads whole tiles.
+        # 2-bit weight memory; without it (p.packed = None) that route unrepacks on the fly,
+        # which bench/NOTES.md measured at +195 us (M=256) and +145 us (M=4096) on 4096x22016
+        # with today's gather kernel: a second copy is the cheaper default until unrepack
+        # reads whole tiles. With max_m=None no route needs it.
         if self.max_m is None:
             p.packed = None
         return p
