@@ -101,7 +101,7 @@ def _extension_kwargs() -> dict:
         include_dirs=[str(ROOT / "csrc"), str(gen)],
         extra_compile_args={
             "cxx": cxx,
-            "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo", *nvcc_host,
+            "nvcc": ["-O3", "-lineinfo", *nvcc_host,
                      *os.environ.get("TERNARY_NVCC_FLAGS", "").split()],
         },
     )
