@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ternary.formats import bitnet, canonical
+
 SHAPE = {
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -24,7 +26,7 @@ SHAPE = {
 }
 VOCAB_SIZE = 384
 FORMATS = ("ternary", "bitnet")
-SCALES = ("channel", "tensor", "group")
+SCALES = canonical.SCALE_MODES
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 # A ChatML-like template, so the OpenAI chat endpoint works on the tiny model.
 CHAT_TEMPLATE = (
@@ -94,7 +96,6 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     """Writes the tiny model to `out` and returns it."""
     from safetensors.torch import save_file
 
-    from ternary.formats import bitnet, canonical
 
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")

@@ -11,8 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SCALES = ("channel", "tensor", "group")
-BITNET_LINEAR_CLASSES = ("bitlinear", "autobitlinear")
+from ternary.formats import bitnet, canonical
+
+# The formats' own vocabularies (each format's module states its layout).
+SCALES = canonical.SCALE_MODES
+BITNET_LINEAR_CLASSES = bitnet.LINEAR_CLASSES
 # Llama-architecture model types whose vLLM implementation is a plain Llama with
 # q/k/v/o and gate/up/down projections; bitnet weights in other architectures (model_type
 # "bitnet" has extra sub-norms) are not served by this plugin.
