@@ -67,3 +67,57 @@ def test_smoke_cpu(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     failed = [(r["format"], c) for r in report["runs"] for c in r["checks"] if not c["ok"]]
     assert rc == 0 and report["ok"], failed
+
+
+class _Ref:
+    """Stands in for smoke.Reference: fixed greedy tokens and per-token margins."""
+
+    def __init__(self, want, margins, tol):
+        self.want, self._margins, self.tol = want, margins, tol
+
+    def greedy(self, prompt):
+        return self.want
+
+    def margins(self, prompt, got):
+        return self._margins
+
+
+def test_compare_float32_needs_identical_tokens():
+    ok, detail = smoke._compare([1, 2, 3], "", [9], _Ref([1, 2, 3], [0, 0, 0], 0.0))
+    assert ok and detail == "tokens identical"
+    ok, detail = smoke._compare([1, 2, 4], "", [9], _Ref([1, 2, 3], [0, 0, 0.01], 0.0))
+    assert not ok and "[1, 2, 4] != reference [1, 2, 3]" in detail
+
+
+def test_compare_below_float32_accepts_near_ties_only():
+    ok, detail = smoke._compare([1, 5, 6], "", [9], _Ref([1, 2, 3], [0, 0.2, 0.1], 0.25))
+    assert ok and "from token 1 on" in detail and "0.200" in detail
+    ok, detail = smoke._compare([1, 5, 6], "", [9], _Ref([1, 2, 3], [0, 0.1, 1.7], 0.25))
+    assert not ok and "token 2 is 1.700 logits below" in detail
+
+
+def test_kernel_check_reads_the_plugins_log_lines(tmp_path):
+    from ternary.vllm_plugin import KERNEL_LOG_PREFIX
+
+    log = tmp_path / "server.log"
+    fused = f"INFO 11-29 10:00:00 [linear.py:40] {KERNEL_LOG_PREFIX}fused (dequantize + cuBLAS above M=64) for n=384 k=128\n"
+    log.write_text("starting\n" + fused)
+    ok, detail = smoke.check_kernel(log, "fused")
+    assert ok and "1 layer shapes on fused" in detail
+    log.write_text(fused + f"{KERNEL_LOG_PREFIX}cublas for n=128 k=384\n")
+    ok, detail = smoke.check_kernel(log, "fused")
+    assert not ok and "cublas for n=128 k=384" in detail
+    log.write_text("starting\n")
+    ok, detail = smoke.check_kernel(log, "fused")
+    assert not ok and "chose no kernel" in detail
+
+
+def test_server_command_passes_dtype_and_safe_path(tmp_path, monkeypatch):
+    cmd = smoke.server_command(tmp_path, "ternary", 1234, "bfloat16")
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert ("-P" in cmd) == bool(sys.flags.safe_path)
+
+
+def test_negative_tolerance_is_refused():
+    with pytest.raises(SystemExit):
+        smoke.main(["--dtype", "bfloat16", "--logit-tol", "-1"])

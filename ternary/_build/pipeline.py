@@ -177,11 +177,18 @@ def prepared(target: matrix.Target, opts: argparse.Namespace) -> Path:
     return py
 
 
+def smoke_command(target: matrix.Target, py: Path, extra: list[str]) -> list[str]:
+    """A target that builds the extension is smoked on what its GPU serves: bf16 through the
+    fused kernel. `extra` (after `--`) comes last, so its options win."""
+    gpu = ["--dtype", "bfloat16", "--expect-kernel", "fused"] if target.arch_list else []
+    return [str(py), "-P", "-m", "ternary.smoke", "--target", target.name, *gpu, *extra]
+
+
 def smoke(target: matrix.Target, opts: argparse.Namespace) -> int:
     if not target.vllm:
         raise envs.EnvError(f"target {target.name} has no vLLM: nothing to serve")
     py = prepared(target, opts)
-    cmd = [str(py), "-P", "-m", "ternary.smoke", "--target", target.name, *opts.pytest_args]
+    cmd = smoke_command(target, py, opts.pytest_args)
     print(f"[{target.name}] {' '.join(cmd)}", flush=True)
     return subprocess.run(cmd, cwd=matrix.REPO).returncode
 

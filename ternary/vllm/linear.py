@@ -16,6 +16,7 @@ Lifecycle (the order vLLM calls it in):
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from torch.nn import Parameter
@@ -24,8 +25,28 @@ from vllm.model_executor.utils import set_weight_attrs
 
 from ternary.vllm import loading
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
+from ternary.vllm_plugin import KERNEL_LOG_PREFIX
 
 PACK = 4  # 2-bit codes per byte along K
+KERNEL_LOG = KERNEL_LOG_PREFIX + "%s for %s"
+# under "vllm." so vLLM's own handler prints it, in its format, at its level (INFO by default)
+logger = logging.getLogger("vllm.ternary")
+_announced: set[tuple] = set()
+
+
+def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
+    """One INFO line per distinct (kernel, shape, dtype): which kernel serves the layer."""
+    n, k = layer.weight.shape[0], layer.weight.shape[1] * PACK
+    dtype = getattr(layer, "params_dtype", None) or torch.get_default_dtype()
+    key = (kernel.name, n, k, str(dtype), group_size)
+    if key in _announced:
+        return
+    _announced.add(key)
+    route = kernel.name
+    if getattr(kernel, "max_m", None):
+        route = f"{kernel.name} (dequantize + cuBLAS above M={kernel.max_m})"
+    logger.info(KERNEL_LOG, route,
+                   f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}")
 
 
 def choose_kernel(layer: torch.nn.Module, group_size: int):
@@ -129,6 +150,7 @@ class TernaryLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         gs = self.spec.kernel_group_size
         kernel = choose_kernel(layer, gs)
+        announce_kernel(kernel, layer, gs)
         layer.ternary_kernel = kernel
         layer.ternary_prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data, gs)
 

@@ -68,3 +68,15 @@ def test_wheel_without_extension_fails(tmp_path):
         z.writestr("ternary/__init__.py", "")
     with pytest.raises(sass.SassError, match="no ternary/_C"):
         sass.check_wheel(tmp_path / "cuobjdump", whl, ("sm_80",))
+
+
+def test_gpu_smoke_runs_bf16_on_the_fused_kernel():
+    from pathlib import Path
+
+    cmd = pipeline.smoke_command(matrix.get("h200"), Path("py"), ["--formats", "ternary"])
+    assert cmd[:5] == ["py", "-P", "-m", "ternary.smoke", "--target"]
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--expect-kernel") + 1] == "fused"
+    assert cmd[-2:] == ["--formats", "ternary"]  # the user's arguments last: they win
+    cpu = pipeline.smoke_command(matrix.get("cpu"), Path("py"), [])
+    assert "--dtype" not in cpu and "--expect-kernel" not in cpu

@@ -169,3 +169,34 @@ def test_serve_without_vllm_says_what_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ternary.vllm.register", None)  # import fails
     assert cli(["serve", "some-model", "--port", "1"]) == 2
     assert "vLLM is not importable" in capsys.readouterr().err
+
+
+def test_kernel_choice_is_logged_once_per_shape_in_the_smokes_format(tmp_path):
+    import logging
+    import types
+
+    from ternary import kernels, smoke
+    from ternary.vllm import linear
+
+    layer = types.SimpleNamespace(weight=torch.zeros(48, 40, dtype=torch.uint8),
+                                  params_dtype=torch.bfloat16)
+    log = tmp_path / "server.log"
+    handler = logging.FileHandler(log)
+    logger = logging.getLogger("vllm.ternary")
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        linear._announced.clear()
+        for _ in range(3):  # every layer of a model: one line per distinct shape
+            linear.announce_kernel(kernels.FusedKernel(), layer, 0)
+        linear.announce_kernel(kernels.CublasKernel(), layer, 64)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+        handler.close()
+    lines = smoke.kernel_lines(log.read_text())
+    assert lines == ["fused (dequantize + cuBLAS above M=64) for n=48 k=160 dtype=bfloat16 group_size=0",
+                     "cublas for n=48 k=160 dtype=bfloat16 group_size=64"]
+    ok, detail = smoke.check_kernel(log, "fused")
+    assert not ok and "cublas for n=48" in detail

@@ -196,8 +196,11 @@ stage_vllm_tests() {
 
 stage_smoke() {
   need vllm ternary || { record smoke 1 0 "prerequisite missing (see above)"; return 1; }
-  run_step smoke 360 150 bash -c "'$VPY' -m ternary.smoke --target h200 --formats '$SMOKE_FORMATS' \
-    --keep '$W/smoke' --health-timeout 240 --json > '$W/logs/smoke.stdout'"
+  # smoke-h200 itself: the pipeline rebuilds the wheel (ninja finds the build stage's objects
+  # up to date), then ternary.smoke in bf16, failing unless every layer runs the fused kernel
+  run_step smoke 420 150 bash -c "cd '$REPO' && python3 -m ternary._build.pipeline smoke h200 \
+    --host-torch --toolchain system -- --formats '$SMOKE_FORMATS' --keep '$W/smoke' \
+    --health-timeout 240 --json > '$W/logs/smoke.stdout'"
   local rc=$?
   json_tail "$W/logs/smoke.stdout" "$W/results/smoke.json"
   return $rc
