@@ -269,6 +269,38 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   return y.view(out_shape);
 }
 
+// gemm_fused up to max_m rows, dequantize + mm above (ternary/ops.py says why one op). The
+// mm takes no bias: an addmm epilogue would go through cublasLt, which the cuBLAS path avoids.
+at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
+                             const std::optional<at::Tensor>& packed, const at::Tensor& scale,
+                             int64_t group_size, int64_t n, int64_t max_m,
+                             const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() >= 1, msg("x must have at least one dimension; got ", x.sizes()));
+  const int64_t k = x.size(-1);
+  if (packed) {
+    check_packed(*packed);
+    TORCH_CHECK(packed->size(0) == n && packed->size(1) * 4 == k && packed->device() == x.device(),
+        msg("packed must be uint8 [n, K/4] = [", n, ", ", k / 4, "] on ", x.device(),
+            " for n=", n, " and x's K=", k, "; got ", packed->sizes(), " on ", packed->device()));
+  }
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  if (max_m < 0 || m <= max_m) return gemm_fused_cuda(x, repacked, scale, group_size, n, bias);
+  // the same argument checks as the fused route, so a bad call fails the same way at any M
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+      msg("linear_fused takes float16 or bfloat16 activations; got x ", x.scalar_type()));
+  TORCH_CHECK(group_size % 64 == 0,
+      msg("linear_fused needs group_size 0 or a multiple of 64; got ", group_size));
+  check_bias(bias, x, n);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor p = packed ? *packed : unrepack_cuda(repacked, n, k);
+  const at::Tensor w = dequantize_cuda(p, scale, group_size, x.scalar_type());
+  at::Tensor y = at::mm(x.reshape({-1, k}), w.t());
+  if (bias) y.add_(*bias);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(n);
+  return y.view(out_shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -279,6 +311,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("repack", &repack_cuda);
   m.impl("unrepack", &unrepack_cuda);
   m.impl("gemm_fused", &gemm_fused_cuda);
+  m.impl("linear_fused", &linear_fused_cuda);
 }
 
 }  // namespace ternary

@@ -206,6 +206,10 @@ def _ttft_s(outputs) -> list[float]:
 def worker(spec: dict) -> dict:
     """Builds the engine for one model and measures every batch size; returns the result."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles
+    # vLLM 0.26.0 on the H200 forked its engine core after CUDA was initialized here and
+    # every model failed ("Cannot re-initialize CUDA in forked subprocess"); this module is
+    # spawn-safe (the worker runs under `if __name__ == "__main__"`)
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from ternary.smoke import cpu_env_defaults
 
     cpu_env_defaults()

@@ -159,14 +159,10 @@ class FusedKernel(Kernel):
             # the repacked shape cannot tell K apart inside the last 64-wide tile
             raise ValueError(f"x has K={x.shape[-1]} but the layer's weight has K={prepared.k} "
                              f"(x shape {list(x.shape)})")
-        m = x.numel() // max(prepared.k, 1)
-        if self.max_m is not None and m > self.max_m:
-            packed = prepared.packed
-            if packed is None:
-                packed = ops.unrepack(prepared.repacked, prepared.n, prepared.k)
-            return CublasKernel.matmul(x, packed, prepared, bias)
-        return ops.gemm_fused(x, prepared.repacked, prepared.scale, prepared.group_size,
-                              prepared.n, bias)
+        # one op routes by M at run time (ops.linear_fused says why not here)
+        return ops.linear_fused(x, prepared.repacked, prepared.packed, prepared.scale,
+                                prepared.group_size, prepared.n,
+                                -1 if self.max_m is None else self.max_m, bias)
 
 
 class CublasKernel(Kernel):

@@ -27,6 +27,12 @@ LIB.define("repack(Tensor packed) -> Tensor")
 LIB.define("unrepack(Tensor repacked, int n, int k) -> Tensor")
 LIB.define("gemm_fused(Tensor x, Tensor repacked, Tensor scale, int group_size, int n, "
            "Tensor? bias) -> Tensor")
+# gemm_fused up to max_m rows of x (every M when max_m < 0), dequantize + mm above: one op, so
+# the choice is made per call. Routed in Python, torch.compile traces one branch at one M
+# and vLLM (which drops shape guards) replays it at every M: on the H200 decode then ran the
+# dequantize route at M=1 (0.24 ms a Llama-2-7B layer instead of 0.06).
+LIB.define("linear_fused(Tensor x, Tensor repacked, Tensor? packed, Tensor scale, int group_size, "
+           "int n, int max_m, Tensor? bias) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -135,6 +141,21 @@ def check_gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tenso
     return k
 
 
+def check_linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor | None,
+                       scale: torch.Tensor, group_size: int, n: int,
+                       bias: torch.Tensor | None) -> int:
+    """gemm_fused's contract, plus the optional canonical copy: [n, K/4] on x's device."""
+    k = check_gemm_fused(x, repacked, scale, group_size, n, bias)
+    if packed is not None:
+        check_packed(packed)
+        if list(packed.shape) != [n, k // 4] or k % 4:
+            raise ValueError(f"packed must be uint8 [n, K/4] = {[n, k // 4]} for n={n} and x's "
+                             f"K={k}; got {list(packed.shape)}")
+        if packed.device != x.device:
+            raise ValueError(f"packed is on {packed.device} but x is on {x.device}")
+    return k
+
+
 # ---------------------------------------------------------------------------------------
 # Reference implementation (every device).
 
@@ -221,6 +242,26 @@ def _gemm_fused_ref(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor
     return _gemm_ref(x, _unrepack_ref(repacked, n, k), scale, group_size, bias)
 
 
+def fused_rows(x: torch.Tensor) -> int:
+    """M as linear_fused counts it: the rows of x flattened to [M, K]."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _linear_fused_ref(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor | None,
+                      scale: torch.Tensor, group_size: int, n: int, max_m: int,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    k = check_linear_fused(x, repacked, packed, scale, group_size, n, bias)
+    if max_m < 0 or fused_rows(x) <= max_m:
+        return _gemm_fused_ref(x, repacked, scale, group_size, n, bias)
+    if packed is None:
+        packed = _unrepack_ref(repacked, n, k)
+    w = _dequantize_ref(packed, scale, group_size, x.dtype)
+    y = torch.mm(x.reshape(-1, k), w.t())
+    if bias is not None:
+        y += bias
+    return y.view(*x.shape[:-1], n)
+
+
 LIB.impl("pack", _pack_ref, "CompositeExplicitAutograd")
 LIB.impl("unpack", _unpack_ref, "CompositeExplicitAutograd")
 LIB.impl("dequantize", _dequantize_ref, "CompositeExplicitAutograd")
@@ -228,6 +269,7 @@ LIB.impl("gemm", _gemm_ref, "CompositeExplicitAutograd")
 LIB.impl("repack", _repack_ref, "CompositeExplicitAutograd")
 LIB.impl("unrepack", _unrepack_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
+LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -278,6 +320,12 @@ def _gemm_fused_fake(x, repacked, scale, group_size, n, bias):
     return x.new_empty((*x.shape[:-1], n))
 
 
+@_register_fake("ternary::linear_fused")
+def _linear_fused_fake(x, repacked, packed, scale, group_size, n, max_m, bias):
+    check_linear_fused(x, repacked, packed, scale, group_size, n, bias)
+    return x.new_empty((*x.shape[:-1], n))
+
+
 # Load the compiled CUDA kernels (if built) after the schemas exist.
 _ext.load()
 
@@ -324,3 +372,12 @@ def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, gro
     multiple of 64. K comes from x: the repacked shape fixes it only to a multiple of 64,
     so callers keep the true K (kernels.Prepared does and checks it)."""
     return torch.ops.ternary.gemm_fused(x, repacked, scale, group_size, n, bias)
+
+
+def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor | None,
+                 scale: torch.Tensor, group_size: int, n: int, max_m: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """gemm_fused while x has at most max_m rows (always when max_m < 0); above, dequantize
+    `packed` (or, when it is None, the unrepacked weight) to x's dtype and torch.mm. The
+    choice happens inside the op at run time, so compiled graphs keep both routes."""
+    return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)

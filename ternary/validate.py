@@ -15,6 +15,7 @@ parallel 1, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the hooks can reac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
@@ -207,9 +208,13 @@ def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | N
     finally:
         llm.apply_model(lambda _m: [h.remove() for h in handles])
     ref_out: dict[int, torch.Tensor] = {}
-    hs = [layer.register_forward_hook(
-        lambda _m, _i, out, i=i: ref_out.setdefault(i, _layer_output(out)))
-        for i, layer in enumerate(ref.model.layers)]
+
+    def ref_hook(_m, _inp, out, i):
+        # returns None: a forward hook's return value would replace the layer's output
+        ref_out.setdefault(i, _layer_output(out))
+
+    hs = [layer.register_forward_hook(functools.partial(ref_hook, i=i))
+          for i, layer in enumerate(ref.model.layers)]
     with torch.no_grad():
         ref(torch.tensor([ids]))
     for h in hs:
@@ -241,8 +246,10 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
     qm = (config.get("quantization_config") or {}).get("quant_method", "none")
     tok = AutoTokenizer.from_pretrained(model_dir)
     vocab = config["vocab_size"]
-    step("building the transformers reference from the dequantized weights")
-    ref = reference_model(model_dir, torch_dtype)
+    # The reference is float32 at every --dtype: KL then measures vLLM's error alone, not
+    # the sum of two bf16 roundings.
+    step("building the float32 transformers reference from the dequantized weights")
+    ref = reference_model(model_dir, torch.float32)
     step(f"starting vLLM (offline API, tensor parallel {tp})")
     llm, kind = vllm_engine(model_dir, dtype, vocab, tp)
     results = []

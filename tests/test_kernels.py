@@ -134,3 +134,58 @@ def test_fused_routes_match_with_or_without_the_canonical_copy(m, one_copy):
     want = ops.gemm(x, packed, scale, 0, None).float()
     got = kernel.apply(x, prepared).float()
     assert torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_one_compiled_graph_keeps_both_routes():
+    """vLLM compiles a model once for every batch size and drops shape guards. The M-routing
+    must therefore live inside one op: a graph traced at M=128 must hold linear_fused (not the
+    dequantize + mm branch that Python routing at M=128 would bake in) and serve M=3 too."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    n, k = 40, 136  # K apart from every M used: equal sizes would be "duck" specialized
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(n) + 0.5
+    kernel = kernels.FusedKernel()
+    prepared = kernel.prepare(packed, scale, 0)
+    f = torch.compile(lambda x: kernel.apply(x, prepared), backend=capture, dynamic=True,
+                      fullgraph=True)
+    f(torch.randn(kernels.FUSED_MAX_M * 2, k, dtype=torch.bfloat16))
+    x = torch.randn(3, k, dtype=torch.bfloat16)
+    y = f(x)
+    assert len(graphs) == 1, f"recompiled for M=3: {len(graphs)} graphs"
+    targets = {str(node.target).removesuffix(".default") for node in graphs[0].graph.nodes
+               if node.op == "call_function"}
+    assert "ternary.linear_fused" in targets, targets
+    assert not targets & {"ternary.dequantize", "ternary.gemm_fused", "ternary.unrepack"}, targets
+    assert torch.equal(y, ops.gemm_fused(x, prepared.repacked, scale, 0, n))
+
+
+@pytest.mark.parametrize("one_copy", [False, True])
+def test_linear_fused_reference_routes(one_copy):
+    n, k, max_m = 24, 68, 4
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(n) + 0.5
+    repacked = ops.repack(packed)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    copy = None if one_copy else packed
+    for m in (1, max_m):
+        x = torch.randn(2, m, k, dtype=torch.bfloat16)[0]
+        assert torch.equal(ops.linear_fused(x, repacked, copy, scale, 0, n, max_m, bias),
+                           ops.gemm_fused(x, repacked, scale, 0, n, bias))
+    x = torch.randn(max_m + 1, k, dtype=torch.bfloat16)
+    want = x @ ops.dequantize(packed, scale, 0, torch.bfloat16).t() + bias
+    assert torch.equal(ops.linear_fused(x, repacked, copy, scale, 0, n, max_m, bias), want)
+    assert torch.equal(ops.linear_fused(x, repacked, copy, scale, 0, n, -1, bias),
+                       ops.gemm_fused(x, repacked, scale, 0, n, bias))
+
+
+def test_linear_fused_refuses_a_canonical_copy_of_another_shape():
+    n, k = 24, 68
+    packed = ops.pack(torch.zeros(n, k, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"packed must be uint8 \[n, K/4\] = \[24, 17\].*got \[24, 16\]"):
+        ops.linear_fused(torch.zeros(2, k, dtype=torch.bfloat16), ops.repack(packed),
+                         packed[:, :16], torch.ones(n), 0, n, 4, None)

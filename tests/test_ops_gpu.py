@@ -187,10 +187,13 @@ def _samples():
         ("unrepack", (repacked, n, k)),
         ("gemm_fused", (x, repacked, scale, 0, n, bias)),
         ("gemm_fused", (x.half(), grepacked, gscale, 64, n, None)),
+        ("linear_fused", (x, repacked, packed, scale, 0, n, 64, bias)),  # fused route
+        ("linear_fused", (x, repacked, packed, scale, 0, n, 2, bias)),  # dequantize + mm
+        ("linear_fused", (x.half(), grepacked, None, gscale, 64, n, 1, None)),  # via unrepack
     ]
 
 
-@pytest.mark.parametrize("i", range(8))
+@pytest.mark.parametrize("i", range(11))
 def test_opcheck(i):
     name, args = _samples()[i]
     torch.library.opcheck(getattr(torch.ops.ternary, name), args)
@@ -240,3 +243,44 @@ def test_torch_compile_reduce_overhead():
         x = torch.randn(4, k, dtype=torch.bfloat16, device="cuda")
         y = f(x).clone()
         _check(y, 2 * (x.double() @ _dense64(codes, scale, 0).t()), torch.bfloat16, "compile")
+
+
+@pytest.mark.parametrize("one_copy", [False, True])
+def test_linear_fused_routes_by_m_at_run_time(one_copy):
+    """At most max_m rows: gemm_fused's bits exactly; above: dequantize + mm's bits exactly
+    (from the canonical copy, or from the unrepacked fused layout without one)."""
+    _rng()
+    n, k, max_m = 300, 1028, 8
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    for m in (1, max_m, max_m + 1, 77):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        y = ops.linear_fused(x, repacked, None if one_copy else packed, scale, 0, n, max_m, bias)
+        _check(y, x.double() @ _dense64(codes, scale, 0).t() + bias.double(), torch.bfloat16,
+               f"linear_fused m={m}")
+        if m <= max_m:
+            want = ops.gemm_fused(x, repacked, scale, 0, n, bias)
+        else:
+            want = x @ ops.dequantize(packed, scale, 0, torch.bfloat16).t() + bias
+        assert torch.equal(y, want), f"m={m}: not the {'fused' if m <= max_m else 'dequantize'} route"
+    x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(ops.linear_fused(x, repacked, packed, scale, 0, n, -1, None),
+                       ops.gemm_fused(x, repacked, scale, 0, n, None))
+
+
+def test_compiled_once_then_replayed_at_every_m_keeps_the_fused_route():
+    """vLLM compiles one graph for all batch sizes (shape guards off): traced at M=128, the
+    graph must still take the fused kernel at M=1 (bit-identical to gemm_fused)."""
+    from ternary import kernels
+
+    _rng()
+    n, k = 256, 512
+    codes, scale = _weights(n, k, "channel", 0)
+    kernel = kernels.FusedKernel()
+    prepared = kernel.prepare(ops.pack(codes), scale, 0)
+    f = torch.compile(lambda x: kernel.apply(x, prepared), dynamic=True, fullgraph=True)
+    f(torch.randn(128, k, dtype=torch.bfloat16, device="cuda"))
+    x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(f(x), ops.gemm_fused(x, prepared.repacked, scale, 0, n))

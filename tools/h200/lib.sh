@@ -144,6 +144,24 @@ stage_setup() {
   fi
   run_step setup 240 60 bash "$last/vllm-gpu-setup.sh" || return $?
   export PYTHONPATH=/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}
+  run_step extra-deps 60 10 bash -c "$(fn _extra_deps "$last/extra")"
+}
+
+# tools/h200/extra-deps.txt's wheels, each only where this python cannot import it already
+_extra_deps() {
+  local whl mod mods=""
+  [ -d "$1" ] || { echo "no $1: pack again with tools/h200/pack.sh"; return 1; }
+  for whl in "$1"/*.whl; do
+    mod=$(basename "$whl" | cut -d- -f1 | tr 'A-Z' 'a-z')
+    mods="$mods $mod"
+    if python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('$mod') is None)"; then
+      echo "$mod: already importable, not installed"
+    else
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vllm-site "$whl" || return 1
+      echo "$mod: installed from $(basename "$whl")"
+    fi
+  done
+  for mod in $mods; do python3 -c "import $mod" || return 1; done
 }
 
 # `timeout` runs programs, not shell functions: a function step runs in a bash that sources this
@@ -187,6 +205,12 @@ need() {  # what a stage needs: vllm and/or ternary (the wheel is built when mis
 stage_doctor() {
   need ternary || { record doctor 1 0 "prerequisite missing (see above)"; return 1; }
   run_step doctor 60 10 bash -c "'$VPY' -m ternary doctor --json > '$W/results/doctor.json'"
+}
+
+stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite)
+  need ternary || { record gpu-tests 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step gpu-tests 180 30 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
+    "$REPO/tests/test_kernels.py" -q -p no:cacheprovider
 }
 
 stage_vllm_tests() {

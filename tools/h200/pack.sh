@@ -29,6 +29,9 @@ for i in $(seq 1 "$n"); do
     exit 1
   fi
 done
+# the plugin's own extra dependencies ride in the last part (extra-deps.txt says why)
+PIP_CONSTRAINT= python3 -m pip download -q --no-deps --require-hashes --only-binary=:all: \
+  --python-version 3.12 --implementation cp -d "$out/$n/extra" -r "$repo/tools/h200/extra-deps.txt"
 # the last part carries a manifest, so the setup call can name a part lost between calls
 (cd "$out" && find . -name 'part.*' -type f | sort | sed 's|^\./||' | xargs sha256sum) > "$out/$n/manifest.sha256"
 echo "$n parts in $out ($(( $(date +%s) - start )) s); device calls: see tools/h200/README.md"

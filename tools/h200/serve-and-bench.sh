@@ -11,6 +11,7 @@
 #               a venv over the host's packages, then pytest (vLLM tests run if setup ran)
 #   wheel       the same without pytest (build only, then install)
 #   doctor      ternary doctor --json (driver, torch, nvcc, GPU arch against ternary._C, kernel path)
+#   gpu-tests   pytest tests/test_ops_gpu.py tests/test_kernels.py alone (quicker than build)
 #   vllm-tests  pytest tests/vllm against the installed wheel and the packed vLLM
 #   smoke       ternary.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
@@ -35,8 +36,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(setup build smoke validate bench)
 for s in "${stages[@]}"; do
   case $s in
-    setup|build|wheel|doctor|vllm-tests|smoke|validate|models|bench) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor vllm-tests smoke validate models bench" >&2
+    setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench) ;;
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench" >&2
        exit 2 ;;
   esac
 done
