@@ -40,20 +40,27 @@ def encode(codes: torch.Tensor, scale: float, dtype: torch.dtype = torch.bfloat1
     return {"weight": pack_rows(codes), "weight_scale": torch.tensor([scale], dtype=dtype)}
 
 
-def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
-    qc = files.quantization_config
+def config_problems(qc: dict) -> list[tuple[str, str]]:
+    """What is wrong with a bitnet quantization_config, as (problem, what to do) pairs; the
+    format reader reports them all, the vLLM plugin (ternary.vllm.spec) refuses on the first."""
+    out = []
     cls = qc.get("linear_class") or "bitlinear"
     if cls not in LINEAR_CLASSES:
-        problems.append(m.problem(files, None, f"quantization_config.linear_class is {cls!r}; "
-                                  f"expected one of {LINEAR_CLASSES}", "fix config.json"))
-        cls = None
+        out.append((f"quantization_config.linear_class is {cls!r}; expected one of "
+                     f"{LINEAR_CLASSES}", "fix config.json"))
     if qc.get("quantization_mode", "offline") != "offline":
-        problems.append(m.problem(files, None, f"quantization_config.quantization_mode is "
-                                  f"{qc['quantization_mode']!r}: the weights are stored dense "
-                                  "and quantized on the fly, there is nothing packed to read",
-                                  "convert it with `ternary convert --from dense`"))
-        cls = None
-    return {"linear_class": cls}
+        out.append((f"quantization_config.quantization_mode is {qc['quantization_mode']!r}: the "
+                    "weights are stored dense and quantized on the fly, there is nothing packed "
+                    "to read", "convert it with `ternary convert --from dense`"))
+    return out
+
+
+def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
+    qc = files.quantization_config
+    found = config_problems(qc)
+    for what, fix in found:
+        problems.append(m.problem(files, None, what, fix))
+    return {"linear_class": None if found else (qc.get("linear_class") or "bitlinear")}
 
 
 def module_names(files: ModelFiles) -> list[str]:

@@ -32,27 +32,37 @@ def encode(codes: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"weight": ops.pack(codes), "weight_scale": scale.to(torch.float32).contiguous()}
 
 
+def config_problems(qc: dict) -> list[tuple[str, str]]:
+    """What is wrong with a canonical quantization_config, as (problem, what to do) pairs.
+    The format reader reports them all; the vLLM plugin (ternary.vllm.spec) refuses on the
+    first, so both accept exactly the same checkpoints. Absent keys read as version 1 and a
+    per-channel scale."""
+    out = []
+    if qc.get("version", VERSION) != VERSION:
+        out.append((f"quantization_config.version is {qc.get('version')!r}; this reader knows "
+                    f"version {VERSION}",
+                    "upgrade vllm-ternary or re-convert the model with `ternary convert`"))
+    scale, group_size = qc.get("scale", "channel"), qc.get("group_size")
+    if scale not in SCALE_MODES:
+        out.append((f"quantization_config.scale is {scale!r}; expected one of {SCALE_MODES}",
+                    "fix config.json"))
+    elif scale == "group" and not (isinstance(group_size, int) and not isinstance(group_size, bool)
+                                   and group_size > 0):
+        out.append((f"quantization_config.scale is 'group' but group_size is {group_size!r}",
+                    "set group_size to the group length along K, a positive integer"))
+    elif scale != "group" and group_size is not None:
+        out.append((f"quantization_config.group_size is {group_size!r} with scale {scale!r}; "
+                    "group_size applies to scale 'group' only", "set group_size to null"))
+    return out
+
+
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
-    # absent keys read as version 1 / per-channel scale, as the vLLM plugin (ternary.vllm.spec)
-    # reads them, so both accept the same checkpoints
-    state = {"scale": qc.get("scale", "channel"), "group_size": qc.get("group_size") or 0}
-    if qc.get("version", VERSION) != VERSION:
-        problems.append(m.problem(files, None, f"quantization_config.version is "
-                                  f"{qc.get('version')!r}; this reader knows version {VERSION}",
-                                  "upgrade vllm-ternary or re-convert the model"))
-    if state["scale"] not in SCALE_MODES:
-        problems.append(m.problem(files, None, f"quantization_config.scale is "
-                                  f"{state['scale']!r}; expected one of {SCALE_MODES}",
-                                  "fix config.json"))
-        state["scale"] = None
-    elif state["scale"] == "group" and not (isinstance(qc.get("group_size"), int)
-                                            and qc["group_size"] > 0):
-        problems.append(m.problem(files, None, f"quantization_config.scale is 'group' but "
-                                  f"group_size is {qc.get('group_size')!r}",
-                                  "set group_size to a positive integer"))
-        state["scale"] = None
-    return state
+    found = config_problems(qc)
+    for what, fix in found:
+        problems.append(m.problem(files, None, what, fix))
+    scale = None if found else qc.get("scale", "channel")
+    return {"scale": scale, "group_size": qc.get("group_size") or 0}
 
 
 def module_names(files: ModelFiles) -> list[str]:

@@ -13,9 +13,9 @@ from typing import Any
 
 from ternary.formats import bitnet, canonical
 
-# The formats' own vocabularies (each format's module states its layout).
-SCALES = canonical.SCALE_MODES
-BITNET_LINEAR_CLASSES = bitnet.LINEAR_CLASSES
+# Each format's module states its layout and checks its quantization_config
+# (config_problems); this module only turns the first problem into a refusal.
+
 # Llama-architecture model types whose vLLM implementation is a plain Llama with
 # q/k/v/o and gate/up/down projections; bitnet weights in other architectures (model_type
 # "bitnet" has extra sub-norms) are not served by this plugin.
@@ -45,47 +45,18 @@ def parse(cfg: dict[str, Any], source: str = "config.json quantization_config") 
     """Checks a quantization_config dict (canonical ternary v1 or bitnet) and returns its spec."""
     method = cfg.get("quant_method")
     skip = tuple(cfg.get("modules_to_not_convert") or ())
+    checker = {"ternary": canonical.config_problems, "bitnet": bitnet.config_problems}.get(method)
+    if checker is not None:
+        problems = checker(cfg)
+        if problems:
+            what, fix = problems[0]
+            raise TernaryConfigError(f"{source}: {what}; {fix}")
     if method == "ternary":
-        version = cfg.get("version", 1)
-        if version != 1:
-            raise TernaryConfigError(
-                f"{source}: ternary format version {version!r} is not supported by this "
-                f"vllm-ternary (it reads version 1); upgrade vllm-ternary or re-convert the "
-                f"checkpoint with `ternary convert`"
-            )
         scale = cfg.get("scale", "channel")
-        if scale not in SCALES:
-            raise TernaryConfigError(
-                f"{source}: scale={scale!r} is not one of {list(SCALES)}; fix the checkpoint's "
-                f"quantization_config"
-            )
-        group_size = cfg.get("group_size")
-        if scale == "group":
-            if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size <= 0:
-                raise TernaryConfigError(
-                    f"{source}: scale='group' needs a positive integer group_size, got "
-                    f"{group_size!r}; set group_size to the group length along K"
-                )
-        elif group_size is not None:
-            raise TernaryConfigError(
-                f"{source}: group_size={group_size!r} given with scale={scale!r}; group_size "
-                f"applies to scale='group' only (set it to null)"
-            )
-        return QuantSpec("ternary", scale, group_size, skip)
+        return QuantSpec("ternary", scale, cfg.get("group_size") if scale == "group" else None,
+                         skip)
     if method == "bitnet":
-        mode = cfg.get("quantization_mode", "offline")
-        if mode != "offline":
-            raise TernaryConfigError(
-                f"{source}: bitnet quantization_mode={mode!r}: only 'offline' checkpoints "
-                f"(weights already packed) can be served; quantize with `ternary convert` first"
-            )
-        linear_class = cfg.get("linear_class", "bitlinear")
-        if linear_class not in BITNET_LINEAR_CLASSES:
-            raise TernaryConfigError(
-                f"{source}: bitnet linear_class={linear_class!r} is not one of "
-                f"{list(BITNET_LINEAR_CLASSES)}"
-            )
-        return QuantSpec("bitnet", "tensor", None, skip, linear_class)
+        return QuantSpec("bitnet", "tensor", None, skip, cfg.get("linear_class") or "bitlinear")
     raise TernaryConfigError(
         f"{source}: quant_method={method!r}; the ternary vLLM method reads 'ternary' "
         f"(canonical) and 'bitnet' checkpoints only"

@@ -214,6 +214,8 @@ def test_vendor_ambiguous_group_size(tmp_path):
     ({"quant_method": "ternary", "version": 2, "scale": "channel"}, "version is 2"),
     ({"quant_method": "ternary", "version": 1, "scale": "row"}, "scale is 'row'"),
     ({"quant_method": "ternary", "version": 1, "scale": "group"}, "group_size is None"),
+    ({"quant_method": "ternary", "version": 1, "scale": "channel", "group_size": 32},
+     "group_size is 32 with scale 'channel'"),
 ])
 def test_bad_canonical_config(tmp_path, qc, words):
     d = T.write_canonical(tmp_path / "m")

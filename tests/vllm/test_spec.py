@@ -32,13 +32,14 @@ def test_parse_group_and_bitnet():
 
 @pytest.mark.parametrize("cfg, words", [
     ({"quant_method": "gptq"}, "quant_method='gptq'"),
-    ({"quant_method": "ternary", "version": 2}, "version 2"),
-    ({"quant_method": "ternary", "scale": "row"}, "scale='row'"),
-    ({"quant_method": "ternary", "scale": "group"}, "group_size"),
-    ({"quant_method": "ternary", "scale": "group", "group_size": 0}, "group_size, got 0"),
-    ({"quant_method": "ternary", "scale": "channel", "group_size": 32}, "group_size=32"),
+    ({"quant_method": "ternary", "version": 2}, "version is 2"),
+    ({"quant_method": "ternary", "scale": "row"}, "scale is 'row'"),
+    ({"quant_method": "ternary", "scale": "group"}, "group_size is None"),
+    ({"quant_method": "ternary", "scale": "group", "group_size": 0}, "group_size is 0"),
+    ({"quant_method": "ternary", "scale": "group", "group_size": True}, "group_size is True"),
+    ({"quant_method": "ternary", "scale": "channel", "group_size": 32}, "group_size is 32"),
     ({"quant_method": "bitnet", "quantization_mode": "online"}, "'online'"),
-    ({"quant_method": "bitnet", "linear_class": "dense"}, "linear_class='dense'"),
+    ({"quant_method": "bitnet", "linear_class": "dense"}, "linear_class is 'dense'"),
 ])
 def test_parse_refusals(cfg, words):
     with pytest.raises(TernaryConfigError, match="quantization_config") as e:
