@@ -57,10 +57,8 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
 
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
-    found = config_problems(qc)
-    for what, fix in found:
-        problems.append(m.problem(files, None, what, fix))
-    return {"linear_class": None if found else (qc.get("linear_class") or "bitlinear")}
+    ok = m.config_ok(files, config_problems(qc), problems)
+    return {"linear_class": (qc.get("linear_class") or "bitlinear") if ok else None}
 
 
 def module_names(files: ModelFiles) -> list[str]:

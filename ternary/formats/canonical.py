@@ -58,11 +58,9 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
 
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
-    found = config_problems(qc)
-    for what, fix in found:
-        problems.append(m.problem(files, None, what, fix))
-    scale = None if found else qc.get("scale", "channel")
-    return {"scale": scale, "group_size": qc.get("group_size") or 0}
+    ok = m.config_ok(files, config_problems(qc), problems)
+    return {"scale": qc.get("scale", "channel") if ok else None,
+            "group_size": qc.get("group_size") or 0}
 
 
 def module_names(files: ModelFiles) -> list[str]:

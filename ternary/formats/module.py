@@ -135,6 +135,13 @@ def problem(files: ModelFiles, tensor: str | None, text: str, hint: str = "") ->
     return Problem(where(files, tensor), tensor, text, hint)
 
 
+def config_ok(files: ModelFiles, found: list[tuple[str, str]], problems: list[Problem]) -> bool:
+    """Records a format's config_problems (problem, what to do) against config.json; True
+    when there were none."""
+    problems.extend(problem(files, None, what, fix) for what, fix in found)
+    return not found
+
+
 def require(files: ModelFiles, tensor: str, what: str, problems: list[Problem]) -> bool:
     if tensor in files:
         return True
