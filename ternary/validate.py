@@ -28,7 +28,13 @@ PROMPTS = [
     "A ternary weight is",
     "Once upon a time there was",
 ]
-KL_LIMIT = 1e-6  # float32, tiny models (the target)
+# Max KL(reference || vLLM) per served dtype, tiny models. float32: the target, and
+# greedy tokens must be identical. bf16/fp16 move make-tiny's logits by about 0.05 (CPU,
+# bf16 reference against float32) and a greedy token may flip on a near tie, so there KL
+# alone decides: the H200 measured 1.5e-4 to 1.9e-4 in bf16 (vLLM 0.26.0), and a kernel
+# that is wrong moves whole logits (KL of order 1).
+KL_LIMITS = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-2}
+KL_LIMIT = KL_LIMITS["float32"]
 
 
 @dataclasses.dataclass
@@ -56,8 +62,13 @@ class Report:
     tensor_parallel: int = 1
 
     @property
+    def tokens_required(self) -> bool:
+        return self.dtype == "float32"
+
+    @property
     def ok(self) -> bool:
-        return all(r.tokens_equal and r.kl_ref_vllm < self.kl_limit for r in self.results)
+        return all((r.tokens_equal or not self.tokens_required) and r.kl_ref_vllm < self.kl_limit
+                   for r in self.results)
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,7 +280,8 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
             diff = float((r_lp - v_lp).abs().max())
         kl = float((r_lp.exp() * (r_lp - v_lp)).sum(-1).max())
         results.append(PromptResult(p, v_tokens, r_tokens, diff, kl))
-    report = Report(str(model_dir), dtype, qm, results, tensor_parallel=tp)
+    report = Report(str(model_dir), dtype, qm, results, kl_limit=KL_LIMITS[dtype],
+                    tensor_parallel=tp)
     if not report.ok and tp > 1:
         report.first_divergent_layer = ("(layer comparison runs at tensor parallel 1 only: "
                                          "rerun with --tp 1)")

@@ -71,6 +71,7 @@ def run(args) -> int:
         for name, d in report.layer_diffs:
             show.print(f"  {name}: max |diff| {d:.3g}")
     show.print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
-               f"(identical greedy tokens and KL < {report.kl_limit:g} required)")
+               f"({'identical greedy tokens and ' if report.tokens_required else ''}"
+               f"KL < {report.kl_limit:g} required in {report.dtype})")
     out.flush()
     return 0 if report.ok else 1

@@ -146,3 +146,23 @@ def test_validate_cli_tp2_json(tmp_path):
                        timeout=600, check=False)
     report = json.loads(r.stdout)
     assert r.returncode == 0 and report["ok"] and report["tensor_parallel"] == 2, r.stderr[-3000:]
+
+
+def test_validate_verdict_per_dtype():
+    """float32 needs identical greedy tokens and KL < 1e-6; bf16/fp16 judge by KL alone (a
+    near tie may flip a token), with their own limit, and still fail a wrong kernel."""
+    from ternary.validate import KL_LIMITS, PromptResult, Report
+
+    same = PromptResult("p", [1, 2], [1, 2], 0.01, 2e-4)
+    flipped = PromptResult("p", [1, 3], [1, 2], 0.05, 2e-4)
+    wrong = PromptResult("p", [1, 3], [1, 2], 4.0, 0.7)
+
+    def report(dtype, *results):
+        return Report("m", dtype, "ternary", list(results), kl_limit=KL_LIMITS[dtype])
+
+    assert not report("float32", same).ok  # 2e-4 is far over float32's 1e-6
+    assert report("float32", PromptResult("p", [1], [1], 1e-6, 1e-9)).ok
+    assert not report("float32", PromptResult("p", [1], [2], 1e-6, 1e-9)).ok
+    for dtype in ("bfloat16", "float16"):
+        assert report(dtype, same, flipped).ok
+        assert not report(dtype, same, wrong).ok
