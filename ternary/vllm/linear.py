@@ -34,10 +34,14 @@ logger = logging.getLogger("vllm.ternary")
 _announced: set[tuple] = set()
 
 
+def activation_dtype(layer: torch.nn.Module) -> torch.dtype:
+    return getattr(layer, "params_dtype", None) or torch.get_default_dtype()
+
+
 def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
     """One INFO line per distinct (kernel, shape, dtype): which kernel serves the layer."""
     n, k = layer.weight.shape[0], layer.weight.shape[1] * PACK
-    dtype = getattr(layer, "params_dtype", None) or torch.get_default_dtype()
+    dtype = activation_dtype(layer)
     key = (kernel.name, n, k, str(dtype), group_size)
     if key in _announced:
         return
@@ -45,8 +49,8 @@ def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
     route = kernel.name
     if getattr(kernel, "max_m", None):
         route = f"{kernel.name} (dequantize + cuBLAS above M={kernel.max_m})"
-    logger.info(KERNEL_LOG, route,
-                   f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}")
+    shape = f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}"
+    logger.info(KERNEL_LOG, route, shape)
 
 
 def choose_kernel(layer: torch.nn.Module, group_size: int):
@@ -55,9 +59,8 @@ def choose_kernel(layer: torch.nn.Module, group_size: int):
     from ternary import kernels
 
     w = layer.weight
-    dtype = getattr(layer, "params_dtype", None) or torch.get_default_dtype()
     return kernels.choose(kernels.detect_platform(w.device), n=w.shape[0], k=w.shape[1] * PACK,
-                          dtype=dtype, group_size=group_size, device=w.device)
+                          dtype=activation_dtype(layer), group_size=group_size, device=w.device)
 
 
 def _logical_rows(layer: torch.nn.Module, shard_id) -> int:
