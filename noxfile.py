@@ -76,7 +76,8 @@ def _target_sessions(name: str) -> None:
             _run_pipeline(session, "smoke", name)
 
         smoke.__doc__ = (f"A real {t.vllm} OpenAI server on a tiny ternary model: HTTP requests "
-                         "compared with the reference, 16 concurrent, clean stop.")
+                         "compared with the reference, 16 concurrent, clean stop"
+                         + (" (bf16, every layer on the fused kernel)." if t.arch_list else "."))
 
 
 for _name in TARGETS:
