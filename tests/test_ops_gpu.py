@@ -210,6 +210,18 @@ def test_cuda_errors_carry_values():
         torch.ops.ternary.gemm_fused(x.bfloat16(), repacked, scale, 0, n + 32, None)
 
 
+def test_linear_fused_cuda_refusals_carry_values():
+    n, k = 32, 64
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    x = torch.randn(2, k, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match=r"packed must be uint8 \[n, K/4\] = \[32, 16\]"):
+        torch.ops.ternary.linear_fused(x, repacked, packed[:, :8], scale, 0, n, 1, None)
+    with pytest.raises(RuntimeError, match="float16 or bfloat16 activations; got x Float"):
+        torch.ops.ternary.linear_fused(x.float(), repacked, packed, scale, 0, n, 1, None)
+
+
 def test_cuda_graph_capture_and_replay():
     _rng()
     n, k, m = 300, 1028, 7
