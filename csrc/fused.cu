@@ -421,7 +421,100 @@ __global__ void unrepack_kernel(const uint8_t* __restrict__ repacked, uint8_t* _
   }
 }
 
+// The large-M route's dequantize, read from the tiles themselves (a layer then keeps no
+// canonical copy). One warp per tile, one coalesced 16-byte load per lane: lane (g, t) holds,
+// for each f, the codes of the 16 consecutive k = 64 kt + 16 t + [0, 16) of row
+// n = 32 nt + 8 f + g (the layout above), and writes them as 16 contiguous T. A 64-wide tile
+// lies in one scale group (group_size is a multiple of 64), so a row's 16 share one scale.
+// Element by element the arithmetic is dequantize_vec_kernel's (pack.cu): the same bits.
+template <typename T>
+__global__ void dequantize_repacked_kernel(const uint4* __restrict__ tiles,
+                                           const float* __restrict__ scale, T* __restrict__ out,
+                                           int64_t n, int64_t k, int64_t kt_count,
+                                           int64_t tiles_total, int64_t group_size,
+                                           bool per_tensor, bool vec) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const int64_t groups = group_size ? (k + group_size - 1) / group_size : 1;
+  for (int64_t tile = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       tile < tiles_total; tile += warps) {
+    const int64_t nt = tile / kt_count, kt = tile % kt_count;
+    const uint4 q = __ldg(tiles + tile * 32 + lane);
+    const uint32_t word[4] = {q.x, q.y, q.z, q.w};
+    const int64_t k0 = kt * kTileK + t * 16;
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int64_t row = nt * kTileN + f * 8 + g;
+      if (row >= n || k0 >= k) continue;
+      const float s = per_tensor ? __ldg(scale)
+                      : group_size ? __ldg(scale + row * groups + k0 / group_size)
+                                   : __ldg(scale + row);
+      union {
+        T e[16];
+        uint4 v[sizeof(T)];
+      } u;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const unsigned code = (word[w] >> (16 * h + 2 * (2 * f + r))) & 3u;
+            u.e[4 * w + 2 * r + h] = from_float<T>((float)((int)code - 1) * s);
+          }
+        }
+      }
+      T* dst = out + row * k + k0;
+      if (vec && k0 + 16 <= k) {
+        uint4* d = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+        for (int v = 0; v < (int)sizeof(T); ++v) d[v] = u.v[v];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {  // unrolled: constant indices keep u in registers
+          if (k0 + j < k) dst[j] = u.e[j];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_dequantize_repacked(const uint8_t* repacked, const float* scale, void* out,
+                                       DType dtype, int64_t n, int64_t k, int64_t group_size,
+                                       bool per_tensor, cudaStream_t stream) {
+  if (n == 0 || k == 0) return cudaSuccess;
+  if (group_size % kTileK || reinterpret_cast<uintptr_t>(repacked) % 16) return cudaErrorInvalidValue;
+  const int64_t kt_count = (k + kTileK - 1) / kTileK;
+  const int64_t tiles_total = ((n + kTileN - 1) / kTileN) * kt_count;
+  constexpr int kWarps = 8;
+  int64_t blocks = (tiles_total + kWarps - 1) / kWarps;
+  if (blocks > 65535 * 8) blocks = 65535 * 8;
+  const uint4* tiles = reinterpret_cast<const uint4*>(repacked);
+  switch (dtype) {
+    case DType::kHalf: {
+      const bool vec = (k * 2) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+      dequantize_repacked_kernel<__half><<<(unsigned)blocks, kWarps * 32, 0, stream>>>(
+          tiles, scale, (__half*)out, n, k, kt_count, tiles_total, group_size, per_tensor, vec);
+      break;
+    }
+    case DType::kBFloat16: {
+      const bool vec = (k * 2) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+      dequantize_repacked_kernel<__nv_bfloat16><<<(unsigned)blocks, kWarps * 32, 0, stream>>>(
+          tiles, scale, (__nv_bfloat16*)out, n, k, kt_count, tiles_total, group_size, per_tensor,
+          vec);
+      break;
+    }
+    case DType::kFloat: {
+      const bool vec = (k * 4) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+      dequantize_repacked_kernel<float><<<(unsigned)blocks, kWarps * 32, 0, stream>>>(
+          tiles, scale, (float*)out, n, k, kt_count, tiles_total, group_size, per_tensor, vec);
+      break;
+    }
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t launch_unrepack(const uint8_t* repacked, uint8_t* out, int64_t n, int64_t k,
                             cudaStream_t stream) {

@@ -32,6 +32,11 @@ cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_
 // The inverse: repacked -> canonical packed uint8 [n, k/4] (k a multiple of 4).
 cudaError_t launch_unrepack(const uint8_t* repacked, uint8_t* out, int64_t n, int64_t k,
                             cudaStream_t stream);
+// Dense out[n, k] of dtype (half, bfloat16, float) straight from the repacked tiles, bit for
+// bit what launch_dequantize makes from the canonical copy; group_size 0 or a multiple of 64.
+cudaError_t launch_dequantize_repacked(const uint8_t* repacked, const float* scale, void* out,
+                                       DType dtype, int64_t n, int64_t k, int64_t group_size,
+                                       bool per_tensor, cudaStream_t stream);
 // y[m, n] = x @ W^T (+ bias) straight from the repacked codes; dtype half or bfloat16;
 // group_size 0 (channel/tensor scale) or a multiple of 64. num_sms sizes the grid.
 cudaError_t launch_gemm_fused(const void* x, int64_t ldx, const uint8_t* repacked,

@@ -269,6 +269,34 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   return y.view(out_shape);
 }
 
+at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor& scale,
+                                   int64_t group_size, int64_t n, int64_t k,
+                                   at::ScalarType dtype) {
+  TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
+              msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
+  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
+                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
+                  repacked.size(2) == 512,
+              msg("repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64, ", 512] for n=",
+                  n, ", K=", k, "; got ", repacked.scalar_type(), " ", repacked.sizes(),
+                  ". Make it with ternary::repack"));
+  TORCH_CHECK(repacked.is_cuda() && scale.device() == repacked.device(),
+              msg("repacked and scale must be on one CUDA device; got ", repacked.device(), " and ",
+                  scale.device()));
+  TORCH_CHECK(group_size % 64 == 0,
+              msg("dequantize_repacked needs group_size 0 or a multiple of 64; got ", group_size));
+  const bool per_tensor = check_scale(scale, n, k, group_size);
+  const c10::cuda::CUDAGuard guard(repacked.device());
+  const at::Tensor r = repacked.contiguous();
+  const at::Tensor s = scale.contiguous();
+  at::Tensor out = at::empty({n, k}, r.options().dtype(dtype));
+  check_cuda(launch_dequantize_repacked(r.data_ptr<uint8_t>(), s.data_ptr<float>(),
+                                        out.data_ptr(), dtype_of(out, "dtype"), n, k, group_size,
+                                        per_tensor, at::cuda::getCurrentCUDAStream()),
+             "dequantize_repacked");
+  return out;
+}
+
 // gemm_fused up to max_m rows, dequantize + mm above (ternary/ops.py says why one op). The
 // mm takes no bias: an addmm epilogue would go through cublasLt, which the cuBLAS path avoids.
 at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
@@ -292,8 +320,9 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
       msg("linear_fused needs group_size 0 or a multiple of 64; got ", group_size));
   check_bias(bias, x, n);
   const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor p = packed ? *packed : unrepack_cuda(repacked, n, k);
-  const at::Tensor w = dequantize_cuda(p, scale, group_size, x.scalar_type());
+  const at::Tensor w = packed ? dequantize_cuda(*packed, scale, group_size, x.scalar_type())
+                              : dequantize_repacked_cuda(repacked, scale, group_size, n, k,
+                                                         x.scalar_type());
   at::Tensor y = at::mm(x.reshape({-1, k}), w.t());
   if (bias) y.add_(*bias);
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -311,6 +340,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("repack", &repack_cuda);
   m.impl("unrepack", &unrepack_cuda);
   m.impl("gemm_fused", &gemm_fused_cuda);
+  m.impl("dequantize_repacked", &dequantize_repacked_cuda);
   m.impl("linear_fused", &linear_fused_cuda);
 }
 

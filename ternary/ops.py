@@ -25,6 +25,9 @@ LIB.define("gemm(Tensor x, Tensor packed, Tensor scale, int group_size, Tensor? 
 # The fused kernel's own weight layout (csrc/fused.cu explains it), made once at load time.
 LIB.define("repack(Tensor packed) -> Tensor")
 LIB.define("unrepack(Tensor repacked, int n, int k) -> Tensor")
+# dequantize's output straight from the tiles: the large-M route needs no canonical copy
+LIB.define("dequantize_repacked(Tensor repacked, Tensor scale, int group_size, int n, int k, "
+           "ScalarType dtype) -> Tensor")
 LIB.define("gemm_fused(Tensor x, Tensor repacked, Tensor scale, int group_size, int n, "
            "Tensor? bias) -> Tensor")
 # gemm_fused up to max_m rows of x (every M when max_m < 0), dequantize + mm above: one op, so
@@ -237,6 +240,14 @@ def _unrepack_ref(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return (q[..., 0] | (q[..., 1] << 2) | (q[..., 2] << 4) | (q[..., 3] << 6)).contiguous()
 
 
+def _dequantize_repacked_ref(repacked: torch.Tensor, scale: torch.Tensor, group_size: int,
+                             n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    if group_size % FUSED_TILE_K:
+        raise ValueError(f"dequantize_repacked needs group_size 0 or a multiple of "
+                         f"{FUSED_TILE_K}; got {group_size}")
+    return _dequantize_ref(_unrepack_ref(repacked, n, k), scale, group_size, dtype)
+
+
 def _gemm_fused_ref(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor,
                     group_size: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
     k = check_gemm_fused(x, repacked, scale, group_size, n, bias)
@@ -254,9 +265,8 @@ def _linear_fused_ref(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Ten
     k = check_linear_fused(x, repacked, packed, scale, group_size, n, bias)
     if max_m < 0 or fused_rows(x) <= max_m:
         return _gemm_fused_ref(x, repacked, scale, group_size, n, bias)
-    if packed is None:
-        packed = _unrepack_ref(repacked, n, k)
-    w = _dequantize_ref(packed, scale, group_size, x.dtype)
+    w = (_dequantize_ref(packed, scale, group_size, x.dtype) if packed is not None
+         else _dequantize_repacked_ref(repacked, scale, group_size, n, k, x.dtype))
     y = torch.mm(x.reshape(-1, k), w.t())
     if bias is not None:
         y += bias
@@ -269,6 +279,7 @@ LIB.impl("dequantize", _dequantize_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm", _gemm_ref, "CompositeExplicitAutograd")
 LIB.impl("repack", _repack_ref, "CompositeExplicitAutograd")
 LIB.impl("unrepack", _unrepack_ref, "CompositeExplicitAutograd")
+LIB.impl("dequantize_repacked", _dequantize_repacked_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
 
@@ -313,6 +324,13 @@ def _repack_fake(packed):
 def _unrepack_fake(repacked, n, k):
     check_repacked(repacked, n, k)
     return repacked.new_empty((n, k // 4), dtype=torch.uint8)
+
+
+@_register_fake("ternary::dequantize_repacked")
+def _dequantize_repacked_fake(repacked, scale, group_size, n, k, dtype):
+    check_repacked(repacked, n, k)
+    check_scale(scale, n, k, group_size)
+    return repacked.new_empty((n, k), dtype=dtype)
 
 
 @_register_fake("ternary::gemm_fused")
@@ -367,6 +385,13 @@ def unrepack(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return torch.ops.ternary.unrepack(repacked, n, k)
 
 
+def dequantize_repacked(repacked: torch.Tensor, scale: torch.Tensor, group_size: int, n: int,
+                        k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """dequantize(unrepack(repacked, n, k), scale, group_size, dtype) in one pass over the
+    tiles, bit for bit; group_size 0 or a multiple of 64."""
+    return torch.ops.ternary.dequantize_repacked(repacked, scale, group_size, n, k, dtype)
+
+
 def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, group_size: int,
                n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """gemm on a repacked weight of n output features: float16/bfloat16 x, group_size 0 or a
@@ -379,6 +404,7 @@ def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor |
                  scale: torch.Tensor, group_size: int, n: int, max_m: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """gemm_fused while x has at most max_m rows (always when max_m < 0); above, dequantize
-    `packed` (or, when it is None, the unrepacked weight) to x's dtype and torch.mm. The
+    `packed` (or, when it is None, the tiles with dequantize_repacked) to x's dtype and
+    torch.mm. The
     choice happens inside the op at run time, so compiled graphs keep both routes."""
     return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)

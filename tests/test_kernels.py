@@ -127,9 +127,9 @@ def test_fused_routes_match_with_or_without_the_canonical_copy(m, one_copy):
     packed, scale = ops.pack(codes), torch.rand(n) + 0.5
     kernel = kernels.FusedKernel(max_m=2)
     prepared = kernel.prepare(packed, scale, 0)
-    assert prepared.packed is not None and prepared.repacked is not None
-    if one_copy:
-        prepared.packed = None
+    assert prepared.packed is None and prepared.repacked is not None  # 2 bits a weight
+    if not one_copy:
+        prepared.packed = packed
     x = torch.randn(m, k, dtype=torch.bfloat16)
     want = ops.gemm(x, packed, scale, 0, None).float()
     got = kernel.apply(x, prepared).float()
@@ -189,3 +189,22 @@ def test_linear_fused_refuses_a_canonical_copy_of_another_shape():
     with pytest.raises(ValueError, match=r"packed must be uint8 \[n, K/4\] = \[24, 17\].*got \[24, 16\]"):
         ops.linear_fused(torch.zeros(2, k, dtype=torch.bfloat16), ops.repack(packed),
                          packed[:, :16], torch.ones(n), 0, n, 4, None)
+
+
+@pytest.mark.parametrize("mode", ["channel", "tensor", "group"])
+def test_dequantize_repacked_is_dequantize_of_the_canonical_weight(mode):
+    n, k = 45, 196  # a partial tile in both n and K
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed = ops.pack(codes)
+    gs = 64 if mode == "group" else 0
+    scale = {"channel": torch.rand(n), "tensor": torch.rand(1),
+             "group": torch.rand(n, -(-k // 64))}[mode]
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert torch.equal(ops.dequantize_repacked(ops.repack(packed), scale, gs, n, k, dtype),
+                           ops.dequantize(packed, scale, gs, dtype))
+
+
+def test_dequantize_repacked_refuses_groups_that_split_tiles():
+    packed = ops.pack(torch.zeros(8, 128, dtype=torch.int8))
+    with pytest.raises(ValueError, match="group_size 0 or a multiple of 64; got 32"):
+        ops.dequantize_repacked(ops.repack(packed), torch.ones(8, 4), 32, 8, 128)

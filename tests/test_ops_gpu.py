@@ -187,13 +187,14 @@ def _samples():
         ("unrepack", (repacked, n, k)),
         ("gemm_fused", (x, repacked, scale, 0, n, bias)),
         ("gemm_fused", (x.half(), grepacked, gscale, 64, n, None)),
+        ("dequantize_repacked", (grepacked, gscale, 64, n, k, torch.float16)),
         ("linear_fused", (x, repacked, packed, scale, 0, n, 64, bias)),  # fused route
         ("linear_fused", (x, repacked, packed, scale, 0, n, 2, bias)),  # dequantize + mm
         ("linear_fused", (x.half(), grepacked, None, gscale, 64, n, 1, None)),  # via unrepack
     ]
 
 
-@pytest.mark.parametrize("i", range(11))
+@pytest.mark.parametrize("i", range(12))
 def test_opcheck(i):
     name, args = _samples()[i]
     torch.library.opcheck(getattr(torch.ops.ternary, name), args)
@@ -296,3 +297,18 @@ def test_compiled_once_then_replayed_at_every_m_keeps_the_fused_route():
     f(torch.randn(128, k, dtype=torch.bfloat16, device="cuda"))
     x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
     assert torch.equal(f(x), ops.gemm_fused(x, prepared.repacked, scale, 0, n))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
+    """Random shapes (partial tiles in n and K, K % 8 != 0 for the scalar stores), every scale
+    mode: the same bits as dequantize from the canonical copy."""
+    rng = _rng(17)
+    for _ in range(12):
+        n, k = rng.randint(1, 300), 4 * rng.randint(1, 300)
+        mode = rng.choice(["channel", "tensor", "group"])
+        gs = 64 * rng.randint(1, 3) if mode == "group" else 0
+        codes, scale = _weights(n, k, mode, gs)
+        packed = ops.pack(codes)
+        got = ops.dequantize_repacked(ops.repack(packed), scale, gs, n, k, dtype)
+        assert torch.equal(got, ops.dequantize(packed, scale, gs, dtype)), (n, k, mode, gs)
