@@ -312,3 +312,18 @@ def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
         packed = ops.pack(codes)
         got = ops.dequantize_repacked(ops.repack(packed), scale, gs, n, k, dtype)
         assert torch.equal(got, ops.dequantize(packed, scale, gs, dtype)), (n, k, mode, gs)
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 8])
+def test_decode_kernel_every_warp_count_and_scale(m):
+    """fused_decode_kernel (M <= 8): 4 and 8 warps a block (K 8192 with few tiles of N gives
+    8), channel and tensor scale, ragged N, bias, against float64."""
+    _rng(m)
+    for n, k, mode in ((45, 196, "channel"), (33, 8192, "tensor"), (700, 4096, "channel")):
+        codes, scale = _weights(n, k, mode, 0)
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+        _poison((m, n), torch.bfloat16)
+        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
+        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
+        _check(y, ref, torch.bfloat16, f"decode m={m} n={n} k={k} {mode}")
