@@ -12,7 +12,8 @@ from ternary import ops
 
 torch.manual_seed(0)
 for dtype in (torch.bfloat16, torch.float16):
-    for m, n, k, g in ((1, 45, 196, 0), (8, 45, 196, 0), (3, 40, 8192, 0), (5, 70, 260, 64), (16, 70, 260, 64), (20, 33, 132, 0),
+    for m, n, k, g in ((1, 45, 196, 0), (8, 45, 196, 0), (3, 40, 8192, 0), (16, 45, 196, 0),
+                       (12, 40, 8192, 0), (5, 70, 260, 64), (16, 70, 260, 64), (20, 33, 132, 0),
                        (40, 65, 516, 128),
                        (70, 31, 64, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")

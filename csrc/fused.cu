@@ -369,29 +369,32 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
   return cudaGetLastError();
 }
 
-// Decode batches (M <= 8, channel or tensor scale): the weights are the mma's A operand and
-// x its B operand, the reverse of fused_gemm_kernel. An m16n8k16 then covers 16 output
-// channels x 16 k for all 8 batch columns at once: 8 mma a tile instead of 20 (the 16 rows
-// of A that fused_gemm_kernel spends on at most 8 rows of x, plus 4 for the correction).
-// No relayout: lane (g, t) of a tile already holds rows f = 0..3 (n = 8 f + g) at the 16 k
-// of its segment, and for k16 step wi the pairs (f, r) are exactly the A fragment's registers
-// {row g, row g + 8} x {k 2t.., k 2t+8..} of m16 block f / 2; the B fragment is the same
-// x pairs fused_gemm_kernel loaded as A (x row g, elements 4 wi + 2 r + h of the segment).
-// The sum of x that removes the code offset (y = sum c x - sum x) is the same for every
-// output channel, so each block sums its x rows once up front instead of an mma per step.
-template <typename T, int S>
+// Decode batches (M <= 8 NB, channel or tensor scale): the weights are the mma's A operand
+// and x its B operand, the reverse of fused_gemm_kernel. An m16n8k16 then covers 16 output
+// channels x 16 k for 8 batch columns: per tile 8 NB mma instead of 20 (fused_gemm_kernel
+// spends the 16 A rows on at most 16 rows of x, half of them empty at M <= 8, plus 4 mma for
+// the correction). No relayout: lane (g, t) of a tile already holds rows f = 0..3
+// (n = 8 f + g) at the 16 k of its segment, and for k16 step wi the pairs (f, r) are exactly
+// the A fragment's registers {row g, row g + 8} x {k 2t.., k 2t+8..} of m16 block f / 2; the
+// B fragment of batch block nb is the x pairs fused_gemm_kernel loaded as A (x row
+// 8 nb + g, elements 4 wi + 2 r + h of the segment). The sum of x that removes the code
+// offset (y = sum c x - sum x) is the same for every output channel, so each block sums its
+// x rows once up front instead of an mma per step.
+template <typename T, int S, int NB>
 __global__ void __launch_bounds__(256, 2)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, bool per_tensor) {
-  // [nwarps / 2][8 accumulators][32 lanes] floats for the tree sum, [nwarps][8] partial sums
-  // of x, then the weight rings [nwarps][S][32 lanes] uint4.
+  constexpr int kAcc = 8 * NB;  // accumulators a lane: [2 m16 blocks][NB][4]
+  constexpr int kRows = 8 * NB;
+  // [nwarps / 2][kAcc][32 lanes] floats for the tree sum, [nwarps][kRows] partial sums of
+  // x, then the weight rings [nwarps][S][32 lanes] uint4.
   extern __shared__ __align__(16) float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nt = blockIdx.x;
-  float* sxp = red + (nwarps >> 1) * 8 * 32;
-  const int red_floats = (nwarps >> 1) * 8 * 32 + nwarps * 8;
+  float* sxp = red + (nwarps >> 1) * kAcc * 32;
+  const int red_floats = (nwarps >> 1) * kAcc * 32 + nwarps * kRows;
 
   const uint4* wt = w + (int64_t)nt * kt_count * 32 + lane;
   uint4* ring = reinterpret_cast<uint4*>(red + red_floats) + warp * S * 32 + lane;
@@ -416,24 +419,33 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     }
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) sxp[warp * 8 + j] = sum;
+    if (lane == 0) sxp[warp * kRows + j] = sum;
   }
 
-  const uint4* xrow = g < m ? reinterpret_cast<const uint4*>(x + (int64_t)g * ldx) : nullptr;
-  float acc[2][4];
+  const uint4* xrow[NB];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+    xrow[nb] = 8 * nb + g < m ? reinterpret_cast<const uint4*>(x + (int64_t)(8 * nb + g) * ldx)
+                              : nullptr;
+  float acc[2][NB][4];
 #pragma unroll
   for (int hb = 0; hb < 2; ++hb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[hb][e] = 0.f;
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[hb][nb][e] = 0.f;
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
     const int kt_next = kt + (S - 1) * nwarps;
     if (kt_next < kt_count) cp_async16(ring + ((i + S - 1) % S) * 32, wt + (int64_t)kt_next * 32);
     cp_async_commit();
     cp_async_wait<S - 1>();
     const uint4 q = ring[(i % S) * 32];
-    uint32_t xb[8];
-    load_x16(xb, xrow, kt * kTileK + t * 16);
-    prescale_x<T>(xb);
+    uint32_t xb[NB][8];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      load_x16(xb[nb], xrow[nb], kt * kTileK + t * 16);
+      prescale_x<T>(xb[nb]);
+    }
     const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int wi = 0; wi < 4; ++wi) {
@@ -441,56 +453,65 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
       decode_word<T>(qw[wi], b);
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb)
-        mma<T>(acc[hb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1], b[2 * hb + 1][1],
-               xb[2 * wi], xb[2 * wi + 1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+          mma<T>(acc[hb][nb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1], b[2 * hb + 1][1],
+                 xb[nb][2 * wi], xb[nb][2 * wi + 1]);
     }
   }
   cp_async_wait<0>();
   // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
   for (int half = nwarps >> 1; half >= 1; half >>= 1) {
     if (warp >= half && warp < 2 * half) {
-      float* dst = red + (warp - half) * 8 * 32 + lane;
+      float* dst = red + (warp - half) * kAcc * 32 + lane;
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dst[(hb * 4 + e) * 32] = acc[hb][e];
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[((hb * NB + nb) * 4 + e) * 32] = acc[hb][nb][e];
     }
     __syncthreads();
     if (warp < half) {
-      const float* src = red + warp * 8 * 32 + lane;
+      const float* src = red + warp * kAcc * 32 + lane;
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[hb][e] += src[(hb * 4 + e) * 32];
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[hb][nb][e] += src[((hb * NB + nb) * 4 + e) * 32];
     }
     __syncthreads();
   }
   // (the tree's barriers also publish the prologue's x sums: nwarps >= 4)
   if (warp != 0) return;
-  // D fragment: acc[hb][e] is output channel 32 nt + 16 hb + g + 8 (e >> 1), batch row
-  // 2 t + (e & 1).
+  // D fragment: acc[hb][nb][e] is output channel 32 nt + 16 hb + g + 8 (e >> 1), batch row
+  // 8 nb + 2 t + (e & 1).
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int j = 2 * t + (e & 1);
-    if (j >= m) continue;
-    float sx = 0.f;
-    for (int v = 0; v < nwarps; ++v) sx += sxp[v * 8 + j];
+  for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-    for (int hb = 0; hb < 2; ++hb) {
-      const int col = nt * kTileN + 16 * hb + g + 8 * (e >> 1);
-      if (col >= n) continue;
-      const float s = per_tensor ? scale[0] : scale[col];
-      const float b = bias ? to_float(bias[col]) : 0.f;
-      y[(int64_t)j * n + col] = from_float<T>((acc[hb][e] * Dec<T>::kUnscale - sx) * s + b);
+    for (int e = 0; e < 4; ++e) {
+      const int j = 8 * nb + 2 * t + (e & 1);
+      if (j >= m) continue;
+      float sx = 0.f;
+      for (int v = 0; v < nwarps; ++v) sx += sxp[v * kRows + j];
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int col = nt * kTileN + 16 * hb + g + 8 * (e >> 1);
+        if (col >= n) continue;
+        const float s = per_tensor ? scale[0] : scale[col];
+        const float b = bias ? to_float(bias[col]) : 0.f;
+        y[(int64_t)j * n + col] =
+            from_float<T>((acc[hb][nb][e] * Dec<T>::kUnscale - sx) * s + b);
+      }
     }
-  }
 }
 
-template <typename T, int S>
+template <typename T, int S, int NB>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
                           bool per_tensor, int num_sms, cudaStream_t stream) {
-  if (m > 8 || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  if (m > 8 * NB || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int kt_count = (int)(k / kTileK);
   const int64_t nt_count = (n + kTileN - 1) / kTileN;
@@ -500,9 +521,9 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   int nwarps = 4;
   while (nwarps < 8 && nt_count * nwarps < (int64_t)num_sms * 16 && kt_count >= nwarps * 2 * S)
     nwarps *= 2;
-  const size_t smem = sizeof(float) * ((nwarps / 2) * 8 * 32 + nwarps * 8) +
+  const size_t smem = sizeof(float) * ((nwarps / 2) * 8 * NB * 32 + nwarps * 8 * NB) +
                       (size_t)nwarps * S * kTileBytes;
-  fused_decode_kernel<T, S><<<(unsigned)nt_count, nwarps * 32, smem, stream>>>(
+  fused_decode_kernel<T, S, NB><<<(unsigned)nt_count, nwarps * 32, smem, stream>>>(
       (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
       (int)m, (int)n, kt_count, per_tensor);
   return cudaGetLastError();
@@ -522,11 +543,11 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                        per_tensor, num_sms, stream);
   }
   if (m <= 8)
-    return launch_decode<T, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor, num_sms,
-                               stream);
+    return launch_decode<T, 8, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                  num_sms, stream);
   if (m <= 16)
-    return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                        per_tensor, num_sms, stream);
+    return launch_decode<T, 8, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                  num_sms, stream);
   if (m <= 32)
     return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);

@@ -314,10 +314,11 @@ def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
         assert torch.equal(got, ops.dequantize(packed, scale, gs, dtype)), (n, k, mode, gs)
 
 
-@pytest.mark.parametrize("m", [1, 2, 7, 8])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16])
 def test_decode_kernel_every_warp_count_and_scale(m):
-    """fused_decode_kernel (M <= 8): 4 and 8 warps a block (K 8192 with few tiles of N gives
-    8), channel and tensor scale, ragged N, bias, against float64."""
+    """fused_decode_kernel (M <= 8: one batch block, M <= 16: two): 4 and 8 warps a block
+    (K 8192 with few tiles of N gives 8), channel and tensor scale, ragged N, bias, against
+    float64."""
     _rng(m)
     for n, k, mode in ((45, 196, "channel"), (33, 8192, "tensor"), (700, 4096, "channel")):
         codes, scale = _weights(n, k, mode, 0)
