@@ -1,0 +1,381 @@
+// Kernel lab: times variants of the fused kernels on raw CUDA (no torch), each checked
+// against a float64 host reference on fresh random data, so one device call compares many
+// variants without rebuilding the extension. It includes csrc/fused.cu itself: the variants
+// are the production templates with other parameters. Built here by `nox -s kernel-lab`
+// (or bench/kernel_lab.sh), run on the GPU machine:
+//   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--json out.json]
+//   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
+// Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
+// 3x the L2, so every launch reads its weights from DRAM); median of 15 replays.
+#include "../csrc/fused.cu"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace ternary;
+using bf16 = __nv_bfloat16;
+
+#define CK(call)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
+                   cudaGetErrorString(e_));                                              \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+using Launch = std::function<cudaError_t(const void* x, const uint8_t* w, const float* s,
+                                         void* y, int64_t m, int64_t n, int64_t k, int sms,
+                                         cudaStream_t st)>;
+struct Variant {
+  std::string name;
+  int max_m;
+  Launch run;
+};
+
+template <int NB, int NT>
+Launch decode(int nwarps) {
+  return [=](const void* x, const uint8_t* w, const float* s, void* y, int64_t m, int64_t n,
+             int64_t k, int sms, cudaStream_t st) {
+    return launch_decode<bf16, 8, NB, NT>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
+                                          nwarps);
+  };
+}
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  v.push_back({"prod", 64, [](const void* x, const uint8_t* w, const float* s, void* y,
+                              int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
+                 return launch_gemm_fused(x, k, w, s, nullptr, y, DType::kBFloat16, m, n, k, 0,
+                                          false, sms, st);
+               }});
+  v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
+                                       int64_t m, int64_t n, int64_t k, int sms,
+                                       cudaStream_t st) {
+                 return launch_fused<bf16, 1, 8, false, true>(x, k, w, s, nullptr, y, m, n, k, 0,
+                                                              false, sms, st);
+               }});
+  v.push_back({"gemm-mt1", 16, [](const void* x, const uint8_t* w, const float* s, void* y,
+                                  int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
+                 return launch_fused<bf16, 1, 8, false>(x, k, w, s, nullptr, y, m, n, k, 0, false,
+                                                        sms, st);
+               }});
+  for (int nw : {0, 4, 8, 16}) {
+    const std::string suffix = nw ? "-w" + std::to_string(nw) : "";
+    v.push_back({"dec-nb1-nt1" + suffix, 8, decode<1, 1>(nw)});
+    v.push_back({"dec-nb1-nt2" + suffix, 8, decode<1, 2>(nw)});
+    v.push_back({"dec-nb2-nt1" + suffix, 16, decode<2, 1>(nw)});
+    v.push_back({"dec-nb2-nt2" + suffix, 16, decode<2, 2>(nw)});
+  }
+  return v;
+}
+
+uint16_t to_bf16_bits(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+double bf16_to_double(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct Problem {
+  int64_t n, k;
+  std::vector<int8_t> codes;  // [n, k] in {-1, 0, 1}
+  std::vector<float> scale;   // [n]
+  int copies = 1;
+  uint8_t* d_w = nullptr;  // copies x repacked bytes
+  size_t wbytes = 0;
+  float* d_scale = nullptr;
+};
+
+void make_problem(Problem& p, std::mt19937& rng, size_t l2) {
+  std::uniform_int_distribution<int> code(-1, 1);
+  std::uniform_real_distribution<float> sc(0.5f, 1.5f);
+  p.codes.resize(p.n * p.k);
+  for (auto& c : p.codes) c = (int8_t)code(rng);
+  p.scale.resize(p.n);
+  for (auto& s : p.scale) s = sc(rng);
+  std::vector<uint8_t> packed(p.n * (p.k / 4), 0);
+  for (int64_t r = 0; r < p.n; ++r)
+    for (int64_t c = 0; c < p.k; ++c)
+      packed[r * (p.k / 4) + c / 4] |= (uint8_t)((p.codes[r * p.k + c] + 1) << (2 * (c % 4)));
+  uint8_t* d_packed;
+  CK(cudaMalloc(&d_packed, packed.size()));
+  CK(cudaMemcpy(d_packed, packed.data(), packed.size(), cudaMemcpyHostToDevice));
+  p.wbytes = (size_t)((p.n + 31) / 32) * ((p.k + 63) / 64) * 512;
+  p.copies = (int)std::max<size_t>(1, (3 * l2 + p.wbytes - 1) / p.wbytes);
+  CK(cudaMalloc(&p.d_w, p.wbytes * p.copies));
+  for (int c = 0; c < p.copies; ++c)
+    CK(launch_repack(d_packed, p.d_w + c * p.wbytes, p.n, p.k, 0));
+  CK(cudaFree(d_packed));
+  CK(cudaMalloc(&p.d_scale, p.n * sizeof(float)));
+  CK(cudaMemcpy(p.d_scale, p.scale.data(), p.n * sizeof(float), cudaMemcpyHostToDevice));
+  CK(cudaDeviceSynchronize());
+}
+
+std::vector<int64_t> parse_ints(int& i, int argc, char** argv) {
+  std::vector<int64_t> out;
+  while (i + 1 < argc && argv[i + 1][0] != '-') out.push_back(std::atoll(argv[++i]));
+  return out;
+}
+
+// The large-M route's dequantize: dequantize_repacked (from the tiles) against the canonical
+// dequantize (pack.cu), same codes and scales; they must agree bit for bit.
+bool time_dequantize(const std::vector<std::pair<int64_t, int64_t>>& shapes, cudaStream_t st,
+                     cudaEvent_t e0, cudaEvent_t e1, size_t l2) {
+  bool ok = true;
+  std::printf("\ndequantize to bf16 (us, median of 15; weights rotated past L2)\n");
+  std::printf("%-14s %12s %12s %10s\n", "K x N", "canonical", "repacked", "identical");
+  std::mt19937 rng(7);
+  for (const auto& shape : shapes) {
+    const int64_t k = shape.first, n = shape.second;
+    std::vector<uint8_t> packed(n * (k / 4));
+    for (auto& b : packed) {
+      b = 0;
+      for (int j = 0; j < 4; ++j) b |= (uint8_t)((rng() % 3) << (2 * j));
+    }
+    const size_t pbytes = packed.size(), rbytes = (size_t)((n + 31) / 32) * ((k + 63) / 64) * 512;
+    const int copies = (int)std::max<size_t>(2, (3 * l2 + pbytes - 1) / pbytes);
+    uint8_t *d_p, *d_r;
+    CK(cudaMalloc(&d_p, pbytes * copies));
+    CK(cudaMalloc(&d_r, rbytes * copies));
+    for (int c = 0; c < copies; ++c) {
+      CK(cudaMemcpy(d_p + c * pbytes, packed.data(), pbytes, cudaMemcpyHostToDevice));
+      CK(launch_repack(d_p + c * pbytes, d_r + c * rbytes, n, k, st));
+    }
+    std::vector<float> sh(n);
+    for (auto& s : sh) s = 0.5f + (rng() % 1000) / 1000.f;
+    float* d_s;
+    CK(cudaMalloc(&d_s, n * 4));
+    CK(cudaMemcpy(d_s, sh.data(), n * 4, cudaMemcpyHostToDevice));
+    void *d_a, *d_b;
+    CK(cudaMalloc(&d_a, n * k * 2));
+    CK(cudaMalloc(&d_b, n * k * 2));
+    float us[2];
+    for (int which = 0; which < 2; ++which) {
+      auto run = [&](int c) {
+        return which == 0 ? launch_dequantize(d_p + c * pbytes, d_s, d_a, DType::kBFloat16, n, k, 0,
+                                              false, st)
+                          : launch_dequantize_repacked(d_r + c * rbytes, d_s, d_b,
+                                                       DType::kBFloat16, n, k, 0, false, st);
+      };
+      CK(run(0));
+      for (int w = 0; w < 3; ++w) CK(run(w % copies));
+      std::vector<float> times;
+      for (int r = 0; r < 15; ++r) {
+        CK(cudaEventRecord(e0, st));
+        CK(run(r % copies));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms_ = 0;
+        CK(cudaEventElapsedTime(&ms_, e0, e1));
+        times.push_back(ms_ * 1000.f);
+      }
+      std::sort(times.begin(), times.end());
+      us[which] = times[times.size() / 2];
+    }
+    CK(launch_dequantize(d_p, d_s, d_a, DType::kBFloat16, n, k, 0, false, st));
+    CK(launch_dequantize_repacked(d_r, d_s, d_b, DType::kBFloat16, n, k, 0, false, st));
+    CK(cudaStreamSynchronize(st));
+    std::vector<uint16_t> a(n * k), b(n * k);
+    CK(cudaMemcpy(a.data(), d_a, n * k * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), d_b, n * k * 2, cudaMemcpyDeviceToHost));
+    const bool same = a == b;
+    ok &= same;
+    std::printf("%6ld x %-6ld %12.1f %12.1f %10s\n", k, n, us[0], us[1], same ? "yes" : "NO");
+    CK(cudaFree(d_p));
+    CK(cudaFree(d_r));
+    CK(cudaFree(d_s));
+    CK(cudaFree(d_a));
+    CK(cudaFree(d_b));
+  }
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 22016}, {11008, 4096}, {4096, 4096}};
+  std::vector<int64_t> ms = {1, 4, 8, 16};
+  std::string only, json;
+  int reps = 3;
+  bool dequant = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto shape_of = [](const char* s) {
+      int64_t k = 0, n = 0;
+      if (std::sscanf(s, "%ldx%ld", &k, &n) != 2) {
+        std::fprintf(stderr, "bad shape '%s': want KxN\n", s);
+        std::exit(2);
+      }
+      return std::make_pair(k, n);
+    };
+    if (a == "--shapes" || a == "--shape") {
+      shapes.clear();
+      while (i + 1 < argc && argv[i + 1][0] != '-') shapes.push_back(shape_of(argv[++i]));
+    } else if (a == "--m") {
+      ms = parse_ints(i, argc, argv);
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else if (a == "--dequant") {
+      dequant = true;
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+  std::mt19937 rng(12345);
+  const auto vars = variants();
+  FILE* js = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
+  if (js) std::fprintf(js, "{\"device\": \"%s\", \"rows\": [\n", prop.name);
+  bool first_row = true, failed = false;
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (auto [k, n] : shapes) {
+    Problem p;
+    p.n = n;
+    p.k = k;
+    make_problem(p, rng, prop.l2CacheSize);
+    const int64_t mmax = *std::max_element(ms.begin(), ms.end());
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<uint16_t> xh(mmax * k);
+    for (auto& v : xh) v = to_bf16_bits(nd(rng));
+    void *d_x, *d_y;
+    CK(cudaMalloc(&d_x, xh.size() * 2));
+    CK(cudaMemcpy(d_x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d_y, mmax * n * 2));
+    std::printf("\nK x N = %ld x %ld: weights %.1f MB (x%d copies), 2-bit floor at 4.16 TB/s %.2f us\n",
+                k, n, p.wbytes / 1e6, p.copies, p.wbytes / 4.16e12 * 1e6);
+    std::printf("%-20s", "variant \\ M");
+    for (auto m : ms) std::printf(" %12ld", m);
+    std::printf("\n");
+    for (int64_t m : ms) (void)m;
+    // float64 reference, one per M
+    std::vector<std::vector<double>> ref(ms.size());
+    for (size_t mi = 0; mi < ms.size(); ++mi) {
+      if (!only.empty()) break;
+      const int64_t m = ms[mi];
+      ref[mi].assign(m * n, 0.0);
+      std::vector<double> xd(k);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < k; ++c) xd[c] = bf16_to_double(xh[r * k + c]);
+        for (int64_t o = 0; o < n; ++o) {
+          const int8_t* cr = &p.codes[o * k];
+          double acc = 0;
+          for (int64_t c = 0; c < k; ++c) acc += xd[c] * cr[c];
+          ref[mi][r * n + o] = acc * p.scale[o];
+        }
+      }
+    }
+    for (const auto& v : vars) {
+      if (!only.empty() && v.name != only) continue;
+      std::printf("%-20s", v.name.c_str());
+      for (size_t mi = 0; mi < ms.size(); ++mi) {
+        const int64_t m = ms[mi];
+        if (m > v.max_m) {
+          std::printf(" %12s", "-");
+          continue;
+        }
+        if (!only.empty()) {  // ncu workload: a few plain launches
+          for (int r = 0; r < reps; ++r)
+            CK(v.run(d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m, n, k, sms, st));
+          CK(cudaStreamSynchronize(st));
+          std::printf(" %12s", "ran");
+          continue;
+        }
+        // correctness: poison, run once, compare every element
+        CK(cudaMemsetAsync(d_y, 0xFF, m * n * 2, st));
+        CK(v.run(d_x, p.d_w, p.d_scale, d_y, m, n, k, sms, st));
+        CK(cudaStreamSynchronize(st));
+        std::vector<uint16_t> yh(m * n);
+        CK(cudaMemcpy(yh.data(), d_y, m * n * 2, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        bool finite = true;
+        for (int64_t i = 0; i < m * n; ++i) {
+          const double yv = bf16_to_double(yh[i]);
+          if (!std::isfinite(yv)) finite = false;
+          num += (yv - ref[mi][i]) * (yv - ref[mi][i]);
+          den += ref[mi][i] * ref[mi][i];
+        }
+        const double rel = std::sqrt(num / den);
+        if (!finite || !(rel < 1e-2)) {
+          std::printf(" %12s", "WRONG");
+          std::fprintf(stderr, "%s K=%ld N=%ld M=%ld: rel err %.3g finite %d\n", v.name.c_str(),
+                       k, n, m, rel, (int)finite);
+          failed = true;
+          continue;
+        }
+        // timing: a graph of 20 launches over rotating weight copies
+        constexpr int kLaunches = 20;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int r = 0; r < kLaunches; ++r)
+          CK(v.run(d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m, n, k, sms, st));
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, st));
+        std::vector<float> times;
+        for (int r = 0; r < 15; ++r) {
+          CK(cudaEventRecord(e0, st));
+          CK(cudaGraphLaunch(exec, st));
+          CK(cudaEventRecord(e1, st));
+          CK(cudaEventSynchronize(e1));
+          float ms_ = 0;
+          CK(cudaEventElapsedTime(&ms_, e0, e1));
+          times.push_back(ms_ * 1000.f / kLaunches);
+        }
+        std::sort(times.begin(), times.end());
+        const float us = times[times.size() / 2];
+        std::printf(" %12.2f", us);
+        if (js) {
+          std::fprintf(js, "%s{\"variant\": \"%s\", \"k\": %ld, \"n\": %ld, \"m\": %ld, \"us\": %.3f, "
+                           "\"rel_err\": %.3g}",
+                       first_row ? "" : ",\n", v.name.c_str(), k, n, m, us, rel);
+          first_row = false;
+        }
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    CK(cudaFree(d_x));
+    CK(cudaFree(d_y));
+    CK(cudaFree(p.d_w));
+    CK(cudaFree(p.d_scale));
+  }
+  if (js) {
+    std::fprintf(js, "\n]}\n");
+    std::fclose(js);
+  }
+  if (dequant && only.empty()) failed |= !time_dequantize(shapes, st, e0, e1, prop.l2CacheSize);
+  std::printf("\n%s\n", failed ? "SOME VARIANTS WRONG" : "all variants match float64");
+  return failed ? 1 : 0;
+}
