@@ -381,19 +381,23 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
 // the A fragment's registers {row g, row g + 8} x {k 2t.., k 2t+8..} of m16 block f / 2; the
 // B fragment of batch block nb is the x pairs fused_gemm_kernel loaded as A (x row
 // 8 nb + g, elements 4 wi + 2 r + h of the segment).
-// A warp step takes one k tile of NT neighbouring n tiles, so x is read from L2 and
-// pre-scaled once for NT weight tiles (x traffic is M/4 NT times the weight bytes), and the
-// next step's x loads are in flight while this step decodes. The sum of x that removes the
-// code offset (y = sum c x - sum x) comes from one more mma per k16 step with A = the
-// constant fragment of ones, shared by the NT tiles (v1 summed x in a prologue, row after
-// row: M = 16 ran 36 us on 4096 x 22016 against 22.5 for fused_gemm_kernel).
-template <typename T, int S, int NB, int NT>
+// A warp step takes one k tile of NT neighbouring n tiles (x is read and pre-scaled once for
+// NT weight tiles), and the next step's x loads are in flight while this one decodes. The sum
+// of x that removes the code offset (y = sum c x - sum x) comes from one more mma per k16
+// step with A = the constant fragment of ones, shared by the NT tiles. (The first version
+// summed x in a prologue, row after row: M = 16 ran 36 us on 4096 x 22016.)
+// ABL is for bench/kernel_lab.cu only, which times what each stage costs by leaving it out
+// (wrong results): 1 the correction mma, 2 the decode (raw words go to the mma), 4 the
+// weight mma (decoded words are folded into one output), 8 the x loads, 16 all but the
+// launch, the tree sum and the stores.
+template <typename T, int S, int NB, int NT, int ABL = 0>
 __global__ void __launch_bounds__(512, 1)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
                     bool per_tensor) {
   constexpr int kAcc = (NT * 2 + 1) * NB * 4;  // a lane's accumulators, the correction last
+  if (ABL & 16) kt_count = 0;
   // [nwarps / 2][kAcc][32 lanes] floats for the tree sum, then the weight rings
   // [nwarps][S][NT][32 lanes] uint4.
   extern __shared__ __align__(16) float red[];
@@ -420,8 +424,10 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   const uint4* xrow[NB];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
-    xrow[nb] = 8 * nb + g < m ? reinterpret_cast<const uint4*>(x + (int64_t)(8 * nb + g) * ldx)
-                              : nullptr;
+    xrow[nb] = 8 * nb + g < m && !(ABL & 8)
+                   ? reinterpret_cast<const uint4*>(x + (int64_t)(8 * nb + g) * ldx)
+                   : nullptr;
+  uint32_t sink = 0;
   float acc[NT][2][NB][4], corr[NB][4];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
@@ -435,7 +441,8 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     }
   uint32_t xb[NB][8];
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
+  for (int nb = 0; nb < NB; ++nb)
+    load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
 
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
     const int kt_next = kt + (S - 1) * nwarps;
@@ -461,19 +468,30 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     for (int wi = 0; wi < 4; ++wi) {
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
-        mma<T>(corr[nb], Dec<T>::kOnes0, Dec<T>::kOnes0, Dec<T>::kOnes1, Dec<T>::kOnes1,
-               xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+        if (!(ABL & 1))
+          mma<T>(corr[nb], Dec<T>::kOnes0, Dec<T>::kOnes0, Dec<T>::kOnes1, Dec<T>::kOnes1,
+                 xb[nb][2 * wi], xb[nb][2 * wi + 1]);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         const uint32_t qw = wi == 0 ? q[j].x : wi == 1 ? q[j].y : wi == 2 ? q[j].z : q[j].w;
         uint32_t b[4][2];
-        decode_word<T>(qw, b);
+        if (ABL & 2) {
 #pragma unroll
-        for (int hb = 0; hb < 2; ++hb)
+          for (int f = 0; f < 4; ++f) b[f][0] = b[f][1] = qw + f;
+        } else {
+          decode_word<T>(qw, b);
+        }
+        if (ABL & 4) {
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb)
-            mma<T>(acc[j][hb][nb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1],
-                   b[2 * hb + 1][1], xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+          for (int f = 0; f < 4; ++f) sink ^= b[f][0] + b[f][1] + xb[0][2 * wi];
+        } else {
+#pragma unroll
+          for (int hb = 0; hb < 2; ++hb)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+              mma<T>(acc[j][hb][nb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1],
+                     b[2 * hb + 1][1], xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+        }
       }
     }
 #pragma unroll
@@ -482,6 +500,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
       for (int e = 0; e < 8; ++e) xb[nb][e] = xn[nb][e];
   }
   cp_async_wait<0>();
+  if (ABL & 4) acc[0][0][0][0] += (float)(sink & 1);
   // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
   for (int half = nwarps >> 1; half >= 1; half >>= 1) {
     if (warp >= half && warp < 2 * half) {
@@ -537,12 +556,14 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     }
 }
 
-// nwarps 0: chosen here (about 16 warps an SM while every warp keeps S tiles to stream, up
-// to 16 warps a block); the benchmark lab (bench/kernel_lab.cu) passes others.
-template <typename T, int S, int NB, int NT>
+// warps_per_sm: the launcher adds warps a block (up to 16) while the grid has fewer than
+// this many warps an SM and every warp keeps 2 S tiles to stream; nwarps > 0 overrides it
+// (bench/kernel_lab.cu sweeps it).
+template <typename T, int S, int NB, int NT, int ABL = 0>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0) {
+                          bool per_tensor, int num_sms, cudaStream_t stream,
+                          int warps_per_sm = 16, int nwarps = 0) {
   if (m > 8 * NB || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int kt_count = (int)(k / kTileK);
@@ -551,13 +572,15 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
   if (nwarps == 0) {
     nwarps = 4;
-    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * 16 && kt_count >= nwarps * 2 * S)
+    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * warps_per_sm &&
+           kt_count >= nwarps * 2 * S)
       nwarps *= 2;
   }
   if (nwarps < 1 || nwarps > 16 || (nwarps & (nwarps - 1))) return cudaErrorInvalidValue;
   constexpr int kAcc = (NT * 2 + 1) * NB * 4;
-  const size_t smem = sizeof(float) * (nwarps / 2) * kAcc * 32 + (size_t)nwarps * S * NT * kTileBytes;
-  auto kernel = fused_decode_kernel<T, S, NB, NT>;
+  const size_t smem = sizeof(float) * (nwarps / 2) * kAcc * 32 +
+                      (size_t)nwarps * S * NT * kTileBytes;
+  auto kernel = fused_decode_kernel<T, S, NB, NT, ABL>;
   if (smem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -582,18 +605,19 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                        per_tensor, num_sms, stream);
   }
-  // Two n tiles a warp step halve the x reads where the grid still has 2 blocks an SM.
-  const bool nt2 = (n + 63) / 64 >= 2 * num_sms;
+  // bench/kernel_lab.cu, H200 (bench/NOTES.md): one n tile a step at M <= 8 on every shape;
+  // at M <= 16 two, with 4 warps a block, where the grid has 4 blocks an SM of one tile each
+  // (4096 x 22016: 18.4 us against 24.1; on 11008 x 4096 two tiles a step ran 2x slower).
   if (m <= 8)
-    return nt2 ? launch_decode<T, 8, 1, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           num_sms, stream)
-               : launch_decode<T, 8, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           num_sms, stream);
-  if (m <= 16)
-    return nt2 ? launch_decode<T, 8, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           num_sms, stream)
-               : launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           num_sms, stream);
+    return launch_decode<T, 8, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                     num_sms, stream);
+  if (m <= 16) {
+    if ((n + kTileN - 1) / kTileN >= 4 * (int64_t)num_sms)
+      return launch_decode<T, 8, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                       num_sms, stream, 16, 4);
+    return launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                     num_sms, stream);
+  }
   if (m <= 32)
     return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
