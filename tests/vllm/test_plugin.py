@@ -126,6 +126,47 @@ def test_create_weights_and_apply(scale):
     torch.testing.assert_close(method.apply(layer, x), x @ dense.t())
 
 
+def test_canonical_copy_is_freed_when_the_kernel_keeps_its_own_layout(monkeypatch):
+    """A kernel whose prepared weight holds no canonical copy (the fused kernel) leaves the
+    layer no loaded weight bytes; one that reads the canonical copy (reference) keeps it."""
+    from ternary import kernels
+    from ternary.vllm import linear
+
+    class OwnLayout(kernels.ReferenceKernel):  # stands in for the fused kernel on CPU
+        name = "own-layout"
+
+        def prepare(self, packed, scale, group_size):
+            p = super().prepare(packed, scale, group_size)
+            p.repacked = packed.clone()  # "its own layout"
+            p.packed = None
+            return p
+
+        def apply(self, x, prepared, bias=None):
+            prepared.packed = prepared.repacked
+            try:
+                return super().apply(x, prepared, bias)
+            finally:
+                prepared.packed = None
+
+    n, k = 8, 64
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, generator=g) + 0.5
+    x = torch.randn(3, k, generator=g)
+    for kernel, kept in ((OwnLayout(), 0), (kernels.ReferenceKernel(), n * k // 4)):
+        monkeypatch.setattr(linear, "choose_kernel", lambda layer, gs, kernel=kernel: kernel)
+        layer = torch.nn.Module()
+        layer.output_size, layer.prefix = n, "model.layers.0.mlp.up_proj"
+        method = linear.TernaryLinearMethod(QuantSpec("ternary", "channel", None, ()))
+        method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+        layer.weight.weight_loader(layer.weight, ops.pack(codes))
+        layer.weight_scale.weight_loader(layer.weight_scale, scale)
+        method.process_weights_after_loading(layer)
+        assert layer.weight.numel() == kept, kernel.name
+        torch.testing.assert_close(method.apply(layer, x),
+                                   x @ ops.dequantize(ops.pack(codes), scale, 0).t())
+
+
 def test_dense_checkpoint_weight_is_refused():
     from ternary.vllm.linear import TernaryLinearMethod
 
