@@ -1,9 +1,9 @@
 // Kernel lab: times variants of the fused kernels on raw CUDA (no torch), each checked
 // against a float64 host reference on fresh random data, so one device call compares many
 // variants without rebuilding the extension. It includes csrc/fused.cu itself: the variants
-// are the production templates with other parameters. Built here by `nox -s kernel-lab`
-// (or bench/kernel_lab.sh), run on the GPU machine:
-//   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--json out.json]
+// are the production templates with other parameters. Built here by bench/kernel_lab.sh,
+// run on the GPU machine:
+//   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--dequant] [--json out.json]
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
 // 3x the L2, so every launch reads its weights from DRAM); median of 15 replays.

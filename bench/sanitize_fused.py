@@ -11,14 +11,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ternary import ops
 
 torch.manual_seed(0)
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
 for dtype in (torch.bfloat16, torch.float16):
     for m, n, k, g in ((1, 45, 196, 0), (8, 45, 196, 0), (3, 40, 8192, 0), (16, 45, 196, 0),
                        (12, 40, 8192, 0), (5, 70, 260, 64), (16, 70, 260, 64), (20, 33, 132, 0),
                        (40, 65, 516, 128),
                        (70, 31, 64, 0),
-                       # two n tiles a warp step (M 9-16 with 4 tiles an SM), odd last tile
-                       (12, 4 * torch.cuda.get_device_properties(0).multi_processor_count * 32 + 8,
-                        128, 0)):
+                       # M 9-16: fused_gemm_kernel at 2 tiles an SM; two n tiles a warp
+                       # step at 4 tiles an SM, odd last tile
+                       (12, 2 * SMS * 32 + 8, 128, 0), (12, 4 * SMS * 32 + 8, 128, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)

@@ -605,18 +605,25 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                        per_tensor, num_sms, stream);
   }
-  // bench/kernel_lab.cu, H200 (bench/NOTES.md): one n tile a step at M <= 8 on every shape;
-  // at M <= 16 two, with 4 warps a block, where the grid has 4 blocks an SM of one tile each
-  // (4096 x 22016: 18.4 us against 24.1; on 11008 x 4096 two tiles a step ran 2x slower).
+  // bench/kernel_lab.cu on the H200 (bench/NOTES.md, third session): the decode kernel with
+  // one n tile a step wins at M <= 8 on every shape. At M <= 16 it wins where the grid is
+  // one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a step and
+  // 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between its
+  // 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
+  // fused_gemm_kernel keeps that range.
   if (m <= 8)
     return launch_decode<T, 8, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      num_sms, stream);
   if (m <= 16) {
-    if ((n + kTileN - 1) / kTileN >= 4 * (int64_t)num_sms)
+    const int64_t tiles = (n + kTileN - 1) / kTileN;
+    if (tiles >= 4 * (int64_t)num_sms)
       return launch_decode<T, 8, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream, 16, 4);
-    return launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                     num_sms, stream);
+    if (tiles <= num_sms)
+      return launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                       num_sms, stream);
+    return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+                                        per_tensor, num_sms, stream);
   }
   if (m <= 32)
     return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,

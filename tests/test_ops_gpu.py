@@ -318,12 +318,13 @@ def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
 def test_decode_kernel_every_warp_count_and_scale(m):
     """fused_decode_kernel (M <= 8: one batch block, M <= 16: two): 4, 8 and 16 warps a block
     (K 8192 with few tiles of N gives 16), channel and tensor scale, ragged N, bias, against
-    float64. The last N has 4 tiles an SM and 8 more channels, so M > 8 takes two n tiles a
-    warp step with the odd last tile (csrc/fused.cu, launch_fused_typed)."""
+    float64. The last two N route M > 8 (csrc/fused.cu, launch_fused_typed): 2 tiles an SM
+    to fused_gemm_kernel, 4 tiles an SM and 8 more channels to two n tiles a warp step with
+    the odd last tile."""
     _rng(m)
-    wide = 4 * torch.cuda.get_device_properties(0).multi_processor_count * 32 + 8
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k, mode in ((45, 196, "channel"), (33, 8192, "tensor"), (700, 4096, "channel"),
-                       (wide, 128, "channel")):
+                       (2 * sms * 32 + 8, 128, "tensor"), (4 * sms * 32 + 8, 128, "channel")):
         codes, scale = _weights(n, k, mode, 0)
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")

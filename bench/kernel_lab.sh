@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds bench/kernel_lab (bench/kernel_lab.cu: csrc/fused.cu's kernels timed and checked on raw
+# CUDA, no torch) for the H200, sm_90a. Here, with any CUDA >= 12.4 nvcc (NVCC=... to choose);
+# the binary links the CUDA runtime statically, so it runs on the device machine as it is:
+#   bash bench/kernel_lab.sh, then in a device call carrying bench/kernel_lab:
+#   bench/kernel_lab --shapes 4096x22016 11008x4096 --m 1 4 16 [--dequant] [--json F]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-$(command -v nvcc || true)}
+[ -n "$NVCC" ] || { echo "kernel_lab.sh: no nvcc on PATH; set NVCC=/path/to/nvcc (CUDA >= 12.4)" >&2; exit 2; }
+ver=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')
+read -r major minor <<<"$ver"
+if [ -z "$major" ] || [ "$major" -lt 12 ] || { [ "$major" -eq 12 ] && [ "$minor" -lt 4 ]; }; then
+  echo "kernel_lab.sh: $NVCC is CUDA '$major.$minor'; sm_90a needs CUDA >= 12.4" >&2; exit 2
+fi
+"$NVCC" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+  bench/kernel_lab.cu csrc/pack.cu -o bench/kernel_lab
+echo "bench/kernel_lab built with $NVCC (CUDA $major.$minor)"
