@@ -48,7 +48,7 @@ Launch decode(int nwarps) {
   return [=](const void* x, const uint8_t* w, const float* s, void* y, int64_t m, int64_t n,
              int64_t k, int sms, cudaStream_t st) {
     return launch_decode<bf16, 8, NB, NT, ABL>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
-                                               16, nwarps);
+                                               nwarps);
   };
 }
 

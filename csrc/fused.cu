@@ -556,14 +556,12 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     }
 }
 
-// warps_per_sm: the launcher adds warps a block (up to 16) while the grid has fewer than
-// this many warps an SM and every warp keeps 2 S tiles to stream; nwarps > 0 overrides it
-// (bench/kernel_lab.cu sweeps it).
+// Warps a block: the launcher adds warps (up to 16) while the grid has fewer than 16 an SM and
+// every warp keeps 2 S tiles to stream; nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
 template <typename T, int S, int NB, int NT, int ABL = 0>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                          bool per_tensor, int num_sms, cudaStream_t stream,
-                          int warps_per_sm = 16, int nwarps = 0) {
+                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0) {
   if (m > 8 * NB || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int kt_count = (int)(k / kTileK);
@@ -572,7 +570,7 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
   if (nwarps == 0) {
     nwarps = 4;
-    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * warps_per_sm &&
+    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * 16 &&
            kt_count >= nwarps * 2 * S)
       nwarps *= 2;
   }
@@ -618,7 +616,7 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     const int64_t tiles = (n + kTileN - 1) / kTileN;
     if (tiles >= 4 * (int64_t)num_sms)
       return launch_decode<T, 8, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                       num_sms, stream, 16, 4);
+                                       num_sms, stream, 4);
     if (tiles <= num_sms)
       return launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream);
