@@ -283,7 +283,6 @@ int main(int argc, char** argv) {
     std::printf("%-32s", "variant \\ M");
     for (auto m : ms) std::printf(" %12ld", m);
     std::printf("\n");
-    for (int64_t m : ms) (void)m;
     // float64 reference, one per M
     std::vector<std::vector<double>> ref(ms.size());
     for (size_t mi = 0; mi < ms.size(); ++mi) {
