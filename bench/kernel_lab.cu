@@ -77,6 +77,29 @@ std::vector<Variant> variants() {
     v.push_back({"dec-nb2-nt1" + w, 16, decode<2, 1>(nw)});
     v.push_back({"dec-nb2-nt2" + w, 16, decode<2, 2>(nw)});
   }
+  // M 17-256: x tile in shared memory (MT x 16 rows, NW n tiles a block) against the old
+  // kernels' MT=2 and MT=4 (warps split K, x from global)
+  auto gemm = [](auto launcher) {
+    return [launcher](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
+                      int64_t n, int64_t k, int sms, cudaStream_t st) {
+      return launcher(x, k, w, s, nullptr, y, m, n, k, 0, false, sms, st);
+    };
+  };
+  v.push_back({"gemm-mt2", 256, gemm(launch_fused<bf16, 2, 4, false>)});
+  v.push_back({"gemm-mt4", 256, gemm(launch_fused<bf16, 4, 4, false>)});
+  auto smem = [](auto launcher) {
+    return [launcher](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
+                      int64_t n, int64_t k, int, cudaStream_t st) {
+      return launcher(x, k, w, s, nullptr, y, m, n, k, false, st);
+    };
+  };
+  v.push_back({"smem-mt1-nw4", 256, smem(launch_gemm_smem<bf16, 1, 4, 4>)});
+  v.push_back({"smem-mt2-nw2", 256, smem(launch_gemm_smem<bf16, 2, 4, 2>)});
+  v.push_back({"smem-mt2-nw4", 256, smem(launch_gemm_smem<bf16, 2, 4, 4>)});
+  v.push_back({"smem-mt2-nw8", 256, smem(launch_gemm_smem<bf16, 2, 4, 8>)});
+  v.push_back({"smem-mt4-nw2", 256, smem(launch_gemm_smem<bf16, 4, 4, 2>)});
+  v.push_back({"smem-mt4-nw4", 256, smem(launch_gemm_smem<bf16, 4, 4, 4>)});
+  v.push_back({"smem-mt4-s3-nw4", 256, smem(launch_gemm_smem<bf16, 4, 3, 4>)});
   // ablations (timing only, wrong results): what each stage of dec-nb1-nt1 costs
   v.push_back({"abl-nocorr", 8, decode<1, 1, 1>(0)});
   v.push_back({"abl-nodecode", 8, decode<1, 1, 2>(0)});

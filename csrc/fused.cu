@@ -372,6 +372,162 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
   return cudaGetLastError();
 }
 
+// Small batches (M 17-256, channel or tensor scale) with the x tile in shared memory: a block
+// covers 16 MT rows of x and NW n tiles (one a warp), all of K. Each k step, the block copies
+// its x tile (16 MT rows x 64, pre-scaling skipped: it happens at the fragment) into a ring
+// stage with cp.async once, and every warp reads its A fragments from there, so x leaves L2
+// once a block instead of once a warp (fused_gemm_kernel's warps split K and each loads x
+// for its own n tile: at M=64 on 4096 x 22016 that is 16x the weight bytes from L2). Warps
+// split N, so no tree sum: each warp owns its outputs. The correction mma (sum of x, the same
+// for every n tile) is taken by one warp a k step in turn, and the block adds the NW parts.
+// Lane (g, t) reads the 16 consecutive elements of its row at 16 t, as load_x16 does from
+// global memory; rows are padded by 8 elements against bank conflicts.
+constexpr int kSmemRow = kTileK + 8;  // x tile row in shared memory, elements
+
+template <typename T, int MT, int S, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
+fused_gemm_smem_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
+                       const float* __restrict__ scale, const T* __restrict__ bias,
+                       T* __restrict__ y, int m, int n, int kt_count, int nt_count,
+                       bool per_tensor) {
+  constexpr int kRows = 16 * MT, kRow = kSmemRow;
+  constexpr int kChunks = kRows * (kTileK / 8);  // 16-byte pieces of one x tile
+  // [S][kRows][kRow] T x ring, then [S][NW][32 lanes] uint4 weight ring, then the
+  // correction parts [NW][MT][4][32 lanes] floats.
+  extern __shared__ __align__(16) uint4 smem4[];
+  T* xs = reinterpret_cast<T*>(smem4);
+  uint4* ws = smem4 + S * kRows * kRow * sizeof(T) / 16;
+  float* cs = reinterpret_cast<float*>(ws + S * NW * 32);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * kRows;
+  const int nt = min(blockIdx.y * NW + warp, nt_count - 1);  // past N: re-read, not stored
+  const uint4* wt = w + (int64_t)nt * kt_count * 32 + lane;
+
+  auto issue = [&](int kt, int stage) {
+    for (int c = threadIdx.x; c < kChunks; c += NW * 32) {
+      const int row = c / (kTileK / 8), col = c % (kTileK / 8);
+      T* dst = xs + (stage * kRows + row) * kRow + col * 8;
+      const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+      const T* src = x + (int64_t)min(m0 + row, m - 1) * ldx + (int64_t)kt * kTileK + col * 8;
+      const int bytes = m0 + row < m ? 16 : 0;  // rows past M read as zeros
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+    }
+    cp_async16(ws + stage * NW * 32 + warp * 32 + lane, wt + (int64_t)kt * 32);
+  };
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < kt_count) issue(s, s);
+    cp_async_commit();
+  }
+
+  float acc[MT][4][4], corr[MT][4];
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      corr[a][e] = 0.f;
+#pragma unroll
+      for (int f = 0; f < 4; ++f) acc[a][f][e] = 0.f;
+    }
+  for (int kt = 0; kt < kt_count; ++kt) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free to refill
+    if (kt + S - 1 < kt_count) issue(kt + S - 1, (kt + S - 1) % S);
+    cp_async_commit();
+    const int stage = kt % S;
+    const uint4 q = ws[stage * NW * 32 + warp * 32 + lane];
+    const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+    const bool do_corr = kt % NW == warp;
+#pragma unroll
+    for (int a = 0; a < MT; ++a) {
+      uint32_t xa[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4* row =
+            reinterpret_cast<const uint4*>(xs + (stage * kRows + a * 16 + h * 8 + g) * kRow + t * 16);
+        const uint4 v0 = row[0], v1 = row[1];
+        xa[h][0] = v0.x; xa[h][1] = v0.y; xa[h][2] = v0.z; xa[h][3] = v0.w;
+        xa[h][4] = v1.x; xa[h][5] = v1.y; xa[h][6] = v1.z; xa[h][7] = v1.w;
+        prescale_x<T>(xa[h]);
+      }
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) {
+        uint32_t b[4][2];
+        decode_word<T>(qw[wi], b);
+        const uint32_t a0 = xa[0][2 * wi], a1 = xa[1][2 * wi];
+        const uint32_t a2 = xa[0][2 * wi + 1], a3 = xa[1][2 * wi + 1];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) mma<T>(acc[a][f], a0, a1, a2, a3, b[f][0], b[f][1]);
+        if (do_corr) mma<T>(corr[a], a0, a1, a2, a3, Dec<T>::kOnes0, Dec<T>::kOnes1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  // the block's correction: the NW warps' parts (each took every NW-th k step)
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) cs[((warp * MT + a) * 4 + e) * 32 + lane] = corr[a][e];
+  __syncthreads();
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float c = 0.f;
+#pragma unroll
+      for (int v = 0; v < NW; ++v) c += cs[((v * MT + a) * 4 + e) * 32 + lane];
+      corr[a][e] = c;
+    }
+  if (blockIdx.y * NW + warp >= nt_count) return;
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = nt * kTileN + f * 8 + 2 * t + e;
+      if (col >= n) continue;
+      const float s = Dec<T>::kUnscale * (per_tensor ? scale[0] : scale[col]);
+      const float b = bias ? to_float(bias[col]) : 0.f;
+#pragma unroll
+      for (int a = 0; a < MT; ++a) {
+        const int row = m0 + a * 16 + g;
+        // D fragment: e and 2 + e are rows g and g + 8, columns 2t + e; the correction
+        // fragment has the same rows (its B is all ones, so every column holds the sum)
+        if (row < m)
+          y[(int64_t)row * n + col] = from_float<T>((acc[a][f][e] - corr[a][e]) * s + b);
+        if (row + 8 < m)
+          y[(int64_t)(row + 8) * n + col] =
+              from_float<T>((acc[a][f][2 + e] - corr[a][2 + e]) * s + b);
+      }
+    }
+  }
+}
+
+template <typename T, int MT, int S, int NW>
+cudaError_t launch_gemm_smem(const void* x, int64_t ldx, const uint8_t* repacked,
+                             const float* scale, const void* bias, void* y, int64_t m, int64_t n,
+                             int64_t k, bool per_tensor, cudaStream_t stream) {
+  if (m > INT32_MAX - 256 || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  const int kt_count = (int)(k / kTileK);
+  const int64_t nt_count = (n + kTileN - 1) / kTileN;
+  const int64_t mb = (m + 16 * MT - 1) / (16 * MT), nb = (nt_count + NW - 1) / NW;
+  if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  constexpr int kRows = 16 * MT;
+  const size_t smem = (size_t)S * kRows * kSmemRow * sizeof(T) + (size_t)S * NW * kTileBytes +
+                      sizeof(float) * NW * MT * 4 * 32;
+  auto kernel = fused_gemm_smem_kernel<T, MT, S, NW>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<dim3((unsigned)mb, (unsigned)nb), NW * 32, smem, stream>>>(
+      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+      (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
+  return cudaGetLastError();
+}
+
 // Decode batches (M <= 8 NB, channel or tensor scale): the weights are the mma's A operand
 // and x its B operand, the reverse of fused_gemm_kernel. An m16n8k16 then covers 16 output
 // channels x 16 k for 8 batch columns: per tile 8 NB mma instead of 20 (fused_gemm_kernel
@@ -623,11 +779,12 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
   }
+  // NOT MEASURED YET (branch next/gemm-smem): M > 16 through the x-in-shared-memory kernel.
   if (m <= 32)
-    return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                        per_tensor, num_sms, stream);
-  return launch_fused<T, 4, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                      per_tensor, num_sms, stream);
+    return launch_gemm_smem<T, 2, 4, 4>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                        stream);
+  return launch_gemm_smem<T, 4, 4, 4>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                      stream);
 }
 
 // The inverse of repack_kernel: one canonical byte (four codes along K) per iteration,
