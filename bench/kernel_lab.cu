@@ -43,18 +43,27 @@ struct Variant {
   Launch run;
 };
 
-template <int NB, int NT, int ABL = 0>
+template <int NB, int NT, int ABL = 0, int S = 8>
 Launch decode(int nwarps) {
   return [=](const void* x, const uint8_t* w, const float* s, void* y, int64_t m, int64_t n,
              int64_t k, int sms, cudaStream_t st) {
-    return launch_decode<bf16, 8, NB, NT, ABL>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
+    return launch_decode<bf16, S, NB, NT, ABL>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
+                                               nwarps);
+  };
+}
+
+template <int MT, int NT, bool PF, int S = 4>
+Launch gemm_nt(int nwarps) {
+  return [=](const void* x, const uint8_t* w, const float* s, void* y, int64_t m, int64_t n,
+             int64_t k, int sms, cudaStream_t st) {
+    return launch_gemm_nt<bf16, MT, NT, S, PF>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
                                                nwarps);
   };
 }
 
 std::vector<Variant> variants() {
   std::vector<Variant> v;
-  v.push_back({"prod", 64, [](const void* x, const uint8_t* w, const float* s, void* y,
+  v.push_back({"prod", 128, [](const void* x, const uint8_t* w, const float* s, void* y,
                               int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
                  return launch_gemm_fused(x, k, w, s, nullptr, y, DType::kBFloat16, m, n, k, 0,
                                           false, sms, st);
@@ -77,6 +86,34 @@ std::vector<Variant> variants() {
     v.push_back({"dec-nb2-nt1" + w, 16, decode<2, 1>(nw)});
     v.push_back({"dec-nb2-nt2" + w, 16, decode<2, 2>(nw)});
   }
+  // M = 1: a shallower ring for more warps an SM (the ring is 8 x 512 bytes a warp)
+  v.push_back({"dec-s4-w8", 8, decode<1, 1, 0, 4>(8)});
+  v.push_back({"dec-s4-w16", 8, decode<1, 1, 0, 4>(16)});
+  v.push_back({"dec-s2-w16", 8, decode<1, 1, 0, 2>(16)});
+  v.push_back({"dec-s4-w4", 8, decode<1, 1, 0, 4>(4)});
+  // M 17-256: fused_gemm_kernel (warps split K, x loaded for each n tile) against
+  // fused_gemm_nt_kernel (NT n tiles a warp step share one x load; PF: next x prefetched)
+  auto gemm = [](auto launcher) {
+    return [launcher](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
+                      int64_t n, int64_t k, int sms, cudaStream_t st) {
+      return launcher(x, k, w, s, nullptr, y, m, n, k, 0, false, sms, st);
+    };
+  };
+  v.push_back({"gemm-mt2", 256, gemm(launch_fused<bf16, 2, 4, false>)});
+  v.push_back({"gemm-mt4", 256, gemm(launch_fused<bf16, 4, 4, false>)});
+  v.push_back({"gnt-mt1-nt2", 256, gemm_nt<1, 2, true>(0)});
+  v.push_back({"gnt-mt1-nt2-w4", 256, gemm_nt<1, 2, true>(4)});
+  v.push_back({"gnt-mt1-nt2-w8", 256, gemm_nt<1, 2, true>(8)});
+  v.push_back({"gnt-mt1-nt4", 256, gemm_nt<1, 4, true>(0)});
+  v.push_back({"gnt-mt2-nt1", 256, gemm_nt<2, 1, true>(0)});
+  v.push_back({"gnt-mt2-nt2", 256, gemm_nt<2, 2, true>(0)});
+  v.push_back({"gnt-mt2-nt2-nopf", 256, gemm_nt<2, 2, false>(0)});
+  v.push_back({"gnt-mt2-nt2-w4", 256, gemm_nt<2, 2, true>(4)});
+  v.push_back({"gnt-mt2-nt2-w8", 256, gemm_nt<2, 2, true>(8)});
+  v.push_back({"gnt-mt2-nt2-s3", 256, gemm_nt<2, 2, true, 3>(0)});
+  v.push_back({"gnt-mt4-nt1-nopf", 256, gemm_nt<4, 1, false>(0)});
+  v.push_back({"gnt-mt2-nt4-nopf", 256, gemm_nt<2, 4, false>(0)});
+  v.push_back({"gnt-mt4-nt2-nopf", 256, gemm_nt<4, 2, false>(0)});
   // ablations (timing only, wrong results): what each stage of dec-nb1-nt1 costs
   v.push_back({"abl-nocorr", 8, decode<1, 1, 1>(0)});
   v.push_back({"abl-nodecode", 8, decode<1, 1, 2>(0)});

@@ -19,7 +19,11 @@ for dtype in (torch.bfloat16, torch.float16):
                        (70, 31, 64, 0),
                        # M 9-16: fused_gemm_kernel at 2 tiles an SM; two n tiles a warp
                        # step at 4 tiles an SM, odd last tile
-                       (12, 2 * SMS * 32 + 8, 128, 0), (12, 4 * SMS * 32 + 8, 128, 0)):
+                       (12, 2 * SMS * 32 + 8, 128, 0), (12, 4 * SMS * 32 + 8, 128, 0),
+                       # M 17-128 (two n tiles a warp step): odd tile count, ring wraps,
+                       # K of one tile; group scale up to FUSED_MAX_M
+                       (33, 389, 1000, 0), (128, 40, 4096, 0), (100, 33, 64, 0),
+                       (128, 70, 260, 64)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)

@@ -372,6 +372,220 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
   return cudaGetLastError();
 }
 
+// Small batches (M 17-256, channel or tensor scale): fused_gemm_kernel's split of K over the
+// warps of a block, but a warp step takes one k tile of NT neighbouring n tiles, so a warp
+// loads and pre-scales its x fragments once for NT weight tiles, and the next step's x is in
+// flight while this one decodes (PF). fused_gemm_kernel loads x for every n tile: at M = 64 on
+// 4096 x 22016 that is 688 passes over x, 360 MB from L2 a call, which bounds it at 6.7 TB/s.
+// (branch next/gemm-smem staged x once a block in a shared-memory ring with warps split over N
+// instead: 2-6x slower on the H200, one barrier a k step and too few warps to cover latency.)
+template <typename T, int MT, int NT, int S, bool PF>
+__global__ void __launch_bounds__(256, 1)
+fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
+                     const float* __restrict__ scale, const T* __restrict__ bias,
+                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
+                     bool per_tensor) {
+  constexpr int kAcc = MT * NT * 16;  // a lane's accumulators
+  // The weight rings [nwarps][S][NT][32 lanes] uint4; after the main loop the same memory
+  // holds the tree sum's [nwarps / 2][kAcc][32 lanes] floats.
+  extern __shared__ __align__(16) float red[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * 16 * MT, nt0 = blockIdx.y * NT;
+  const uint4* xrow[MT][2];
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + a * 16 + h * 8 + g;
+      xrow[a][h] = row < m ? reinterpret_cast<const uint4*>(x + (int64_t)row * ldx) : nullptr;
+    }
+  const uint4* wt[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)  // a tile past N re-reads the last one; its outputs are dropped
+    wt[j] = w + (int64_t)min(nt0 + j, nt_count - 1) * kt_count * 32 + lane;
+  uint4* ring = reinterpret_cast<uint4*>(red) + warp * S * NT * 32 + lane;
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    const int kt = warp + s * nwarps;
+    if (kt < kt_count) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) cp_async16(ring + (s * NT + j) * 32, wt[j] + (int64_t)kt * 32);
+    }
+    cp_async_commit();
+  }
+
+  float acc[MT][NT][4][4], corr[MT][4];
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      corr[a][e] = 0.f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int f = 0; f < 4; ++f) acc[a][j][f][e] = 0.f;
+    }
+  uint32_t xa[MT][2][8];
+  if (PF) {
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        load_x16(xa[a][h], warp < kt_count ? xrow[a][h] : nullptr, warp * kTileK + t * 16);
+  }
+  for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
+    const int kt_next = kt + (S - 1) * nwarps;
+    if (kt_next < kt_count) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+        cp_async16(ring + (((i + S - 1) % S) * NT + j) * 32, wt[j] + (int64_t)kt_next * 32);
+    }
+    cp_async_commit();
+    uint32_t xn[PF ? MT : 1][2][8];
+    if (PF) {
+      const int kx = kt + nwarps;
+#pragma unroll
+      for (int a = 0; a < (PF ? MT : 1); ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          load_x16(xn[a][h], kx < kt_count ? xrow[a][h] : nullptr, kx * kTileK + t * 16);
+    } else {
+#pragma unroll
+      for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) load_x16(xa[a][h], xrow[a][h], kt * kTileK + t * 16);
+    }
+#pragma unroll
+    for (int a = 0; a < MT; ++a)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) prescale_x<T>(xa[a][h]);  // rows past M are zeros: stay so
+    cp_async_wait<S - 1>();
+    uint4 q[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) q[j] = ring[((i % S) * NT + j) * 32];
+#pragma unroll
+    for (int wi = 0; wi < 4; ++wi) {
+#pragma unroll
+      for (int a = 0; a < MT; ++a)
+        mma<T>(corr[a], xa[a][0][2 * wi], xa[a][1][2 * wi], xa[a][0][2 * wi + 1],
+               xa[a][1][2 * wi + 1], Dec<T>::kOnes0, Dec<T>::kOnes1);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint32_t qw = wi == 0 ? q[j].x : wi == 1 ? q[j].y : wi == 2 ? q[j].z : q[j].w;
+        uint32_t b[4][2];
+        decode_word<T>(qw, b);
+#pragma unroll
+        for (int a = 0; a < MT; ++a)
+#pragma unroll
+          for (int f = 0; f < 4; ++f)
+            mma<T>(acc[a][j][f], xa[a][0][2 * wi], xa[a][1][2 * wi], xa[a][0][2 * wi + 1],
+                   xa[a][1][2 * wi + 1], b[f][0], b[f][1]);
+      }
+    }
+    if (PF) {
+#pragma unroll
+      for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xa[a][h][e] = xn[PF ? a : 0][h][e];
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int f = 0; f < 4; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[a][j][f][e] -= corr[a][e];
+  __syncthreads();  // every warp is past its ring before the tree sum reuses the memory
+  // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
+  for (int half = nwarps >> 1; half >= 1; half >>= 1) {
+    if (warp >= half && warp < 2 * half) {
+      float* dst = red + (warp - half) * kAcc * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int f = 0; f < 4; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[(((a * NT + j) * 4 + f) * 4 + e) * 32] = acc[a][j][f][e];
+    }
+    __syncthreads();
+    if (warp < half) {
+      const float* src = red + warp * kAcc * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < MT; ++a)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int f = 0; f < 4; ++f)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][j][f][e] += src[(((a * NT + j) * 4 + f) * 4 + e) * 32];
+    }
+    __syncthreads();
+  }
+  if (warp != 0) return;
+  // D fragment: acc[a][j][f][e] is row m0 + 16 a + g + 8 (e >> 1), column
+  // 32 (nt0 + j) + 8 f + 2 t + (e & 1)
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int f = 0; f < 4; ++f)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = (nt0 + j) * kTileN + f * 8 + 2 * t + e;
+        if (col >= n) continue;
+        const float s = Dec<T>::kUnscale * (per_tensor ? scale[0] : scale[col]);
+        const float b = bias ? to_float(bias[col]) : 0.f;
+#pragma unroll
+        for (int a = 0; a < MT; ++a) {
+          const int row = m0 + a * 16 + g;
+          if (row < m) y[(int64_t)row * n + col] = from_float<T>(acc[a][j][f][e] * s + b);
+          if (row + 8 < m)
+            y[(int64_t)(row + 8) * n + col] = from_float<T>(acc[a][j][f][2 + e] * s + b);
+        }
+      }
+}
+
+// Warps a block as launch_fused picks them (up to 8, while the grid has fewer than 16 an SM
+// and every warp keeps 2 S tiles); nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
+template <typename T, int MT, int NT, int S, bool PF>
+cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
+                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
+                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0) {
+  if (m > INT32_MAX - 64 || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  const int kt_count = (int)(k / kTileK);
+  const int64_t nt_count = (n + kTileN - 1) / kTileN;
+  const int64_t mb = (m + 16 * MT - 1) / (16 * MT), nb = (nt_count + NT - 1) / NT;
+  if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  if (nwarps == 0) {
+    nwarps = 4;
+    while (nwarps < 8 && mb * nb * nwarps < (int64_t)num_sms * 16 && kt_count >= nwarps * 2 * S)
+      nwarps *= 2;
+  }
+  if (nwarps < 1 || nwarps > 8 || (nwarps & (nwarps - 1))) return cudaErrorInvalidValue;
+  constexpr int kAcc = MT * NT * 16;
+  const size_t ring = (size_t)nwarps * S * NT * kTileBytes;
+  const size_t tree = sizeof(float) * (nwarps / 2) * kAcc * 32;
+  const size_t smem = ring > tree ? ring : tree;
+  auto kernel = fused_gemm_nt_kernel<T, MT, NT, S, PF>;
+  if (smem > 48 * 1024) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<dim3((unsigned)mb, (unsigned)nb), nwarps * 32, smem, stream>>>(
+      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+      (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
+  return cudaGetLastError();
+}
+
 // Decode batches (M <= 8 NB, channel or tensor scale): the weights are the mma's A operand
 // and x its B operand, the reverse of fused_gemm_kernel. An m16n8k16 then covers 16 output
 // channels x 16 k for 8 batch columns: per tile 8 NB mma instead of 20 (fused_gemm_kernel
@@ -556,8 +770,10 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     }
 }
 
-// Warps a block: the launcher adds warps (up to 16) while the grid has fewer than 16 an SM and
-// every warp keeps 2 S tiles to stream; nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
+// Warps a block: the launcher adds warps (up to 16) while the grid has fewer than 12 an SM and
+// every warp keeps S tiles to stream; nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
+// (Lab, M = 1, S = 4: this picks 4 warps on 4096 x 22016, 8 on 4096 x 12288 and 16 on
+// 4096 x 4096, each the fastest of 4, 8 and 16 there or within 0.4 us of it.)
 template <typename T, int S, int NB, int NT, int ABL = 0>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
@@ -570,8 +786,7 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   if (blocks > INT32_MAX) return cudaErrorInvalidConfiguration;
   if (nwarps == 0) {
     nwarps = 4;
-    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * 16 &&
-           kt_count >= nwarps * 2 * S)
+    while (nwarps < 16 && blocks * nwarps < (int64_t)num_sms * 12 && kt_count >= nwarps * 2 * S)
       nwarps *= 2;
   }
   if (nwarps < 1 || nwarps > 16 || (nwarps & (nwarps - 1))) return cudaErrorInvalidValue;
@@ -603,14 +818,15 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                        per_tensor, num_sms, stream);
   }
-  // bench/kernel_lab.cu on the H200 (bench/NOTES.md, third session): the decode kernel with
-  // one n tile a step wins at M <= 8 on every shape. At M <= 16 it wins where the grid is
-  // one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a step and
-  // 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between its
+  // bench/kernel_lab.cu on the H200 (bench/NOTES.md): the decode kernel with one n tile a
+  // step wins at M <= 8 on every shape, with a 4-tile ring (fourth session: 14.2 against
+  // 14.5 us on 4096 x 22016, 5.5 against 5.8 on 4096 x 4096). At M <= 16 it wins where the
+  // grid is one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a step
+  // and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between its
   // 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
   // fused_gemm_kernel keeps that range.
   if (m <= 8)
-    return launch_decode<T, 8, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+    return launch_decode<T, 4, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      num_sms, stream);
   if (m <= 16) {
     const int64_t tiles = (n + kTileN - 1) / kTileN;
@@ -623,11 +839,12 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
   }
-  if (m <= 32)
-    return launch_fused<T, 2, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                        per_tensor, num_sms, stream);
-  return launch_fused<T, 4, 4, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                      per_tensor, num_sms, stream);
+  // M 17-128: one m16 tile and two n tiles a warp step (fourth session, lab: on 4096 x 22016
+  // 29.8 / 49.3 / 87.8 us at M = 32 / 64 / 128 against fused_gemm_kernel MT=2's
+  // 35.9 / 53.8 / 104.4; best or within 10 % of the best of 13 variants on all five shapes up
+  // to M = 64). Above M = 128 ternary/kernels.py routes to dequantize + cuBLAS.
+  return launch_gemm_nt<T, 1, 2, 4, true>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                          num_sms, stream);
 }
 
 // The inverse of repack_kernel: one canonical byte (four codes along K) per iteration,

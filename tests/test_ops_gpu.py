@@ -332,3 +332,23 @@ def test_decode_kernel_every_warp_count_and_scale(m):
         y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
         ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
         _check(y, ref, torch.bfloat16, f"decode m={m} n={n} k={k} {mode}")
+
+
+@pytest.mark.parametrize("m", [17, 31, 33, 64, 100, 128])
+def test_gemm_nt_kernel_pairs_and_edges(m):
+    """fused_gemm_nt_kernel (M 17-128, two n tiles a warp step): an odd number of n tiles (the
+    last pair's second tile past N), N inside a tile, K long enough that the ring wraps and K
+    of one tile (fewer tiles than warps), M that leaves rows of the last m16 tile empty;
+    channel and tensor scale, bias, fp16 too, against float64."""
+    _rng(m)
+    for n, k, mode, dtype in ((3 * 32 + 5, 1000, "channel", torch.bfloat16),
+                              (40, 4096, "tensor", torch.float16),
+                              (33, 64, "channel", torch.bfloat16),
+                              (7 * 32, 2048, "channel", torch.float16)):
+        codes, scale = _weights(n, k, mode, 0)
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        bias = torch.randn(n, dtype=dtype, device="cuda")
+        _poison((m, n), dtype)
+        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
+        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
+        _check(y, ref, dtype, f"gemm_nt m={m} n={n} k={k} {mode} {dtype}")
