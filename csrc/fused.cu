@@ -157,6 +157,32 @@ __device__ __forceinline__ void load_x16(uint32_t (&out)[8], const uint4* row, i
   out[4] = v1.x; out[5] = v1.y; out[6] = v1.z; out[7] = v1.w;
 }
 
+// Sums N floats a lane over the block's warps (nwarps a power of two) through a shared-memory
+// tree of (nwarps / 2) x N x 32 floats at red; warp 0 ends with the total. Each kernel passes
+// its accumulator array flat (acc[MT][4][4] and the like are contiguous).
+template <int N>
+__device__ __forceinline__ void tree_sum(float (&acc)[N], float* red, int warp, int nwarps,
+                                         int lane) {
+  for (int half = nwarps >> 1; half >= 1; half >>= 1) {
+    if (warp >= half && warp < 2 * half) {
+      float* dst = red + (warp - half) * N * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < N; ++i) dst[i * 32] = acc[i];
+    }
+    __syncthreads();
+    if (warp < half) {
+      const float* src = red + warp * N * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] += src[i * 32];
+    }
+    __syncthreads();
+  }
+}
+template <int N, typename A> __device__ __forceinline__ float (&flat(A& a))[N] {
+  static_assert(sizeof(A) == N * sizeof(float), "flat: size mismatch");
+  return reinterpret_cast<float(&)[N]>(a);
+}
+
 // One block: 32 output channels x 16*MT rows of x. Its warps split the K tiles round-robin,
 // each streaming them through a cp.async ring of S tiles (below), then sum
 // their accumulators in a shared-memory tree (shared float atomics compile to CAS loops on
@@ -301,29 +327,7 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[a][f][e] -= corr[a][e];
   }
-  // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
-  for (int half = nwarps >> 1; half >= 1; half >>= 1) {
-    if (warp >= half && warp < 2 * half) {
-      float* dst = red + (warp - half) * kAcc * 32 + lane;
-#pragma unroll
-      for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int f = 0; f < 4; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dst[((a * 4 + f) * 4 + e) * 32] = acc[a][f][e];
-    }
-    __syncthreads();
-    if (warp < half) {
-      const float* src = red + warp * kAcc * 32 + lane;
-#pragma unroll
-      for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int f = 0; f < 4; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[a][f][e] += src[((a * 4 + f) * 4 + e) * 32];
-    }
-    __syncthreads();
-  }
+  tree_sum(flat<kAcc>(acc), red, warp, nwarps, lane);
   if (warp != 0) return;
 #pragma unroll
   for (int f = 0; f < 4; ++f) {
@@ -502,33 +506,7 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[a][j][f][e] -= corr[a][e];
   __syncthreads();  // every warp is past its ring before the tree sum reuses the memory
-  // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
-  for (int half = nwarps >> 1; half >= 1; half >>= 1) {
-    if (warp >= half && warp < 2 * half) {
-      float* dst = red + (warp - half) * kAcc * 32 + lane;
-#pragma unroll
-      for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int f = 0; f < 4; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[(((a * NT + j) * 4 + f) * 4 + e) * 32] = acc[a][j][f][e];
-    }
-    __syncthreads();
-    if (warp < half) {
-      const float* src = red + warp * kAcc * 32 + lane;
-#pragma unroll
-      for (int a = 0; a < MT; ++a)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int f = 0; f < 4; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[a][j][f][e] += src[(((a * NT + j) * 4 + f) * 4 + e) * 32];
-    }
-    __syncthreads();
-  }
+  tree_sum(flat<kAcc>(acc), red, warp, nwarps, lane);
   if (warp != 0) return;
   // D fragment: acc[a][j][f][e] is row m0 + 16 a + g + 8 (e >> 1), column
   // 32 (nt0 + j) + 8 f + 2 t + (e & 1)
@@ -610,7 +588,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
                     bool per_tensor) {
-  constexpr int kAcc = (NT * 2 + 1) * NB * 4;  // a lane's accumulators, the correction last
+  constexpr int kAcc = NT * 2 * NB * 4;  // a lane's accumulators (the tree sum's floats)
   if (ABL & 16) kt_count = 0;
   // [nwarps / 2][kAcc][32 lanes] floats for the tree sum, then the weight rings
   // [nwarps][S][NT][32 lanes] uint4.
@@ -715,42 +693,20 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   }
   cp_async_wait<0>();
   if (ABL & 4) acc[0][0][0][0] += (float)(sink & 1);
-  // Tree sum over the warps (nwarps is a power of two); warp 0 ends with the total.
-  for (int half = nwarps >> 1; half >= 1; half >>= 1) {
-    if (warp >= half && warp < 2 * half) {
-      float* dst = red + (warp - half) * kAcc * 32 + lane;
+  // acc[j][hb][nb][e] and corr[nb][e] are the same batch row (below): subtract before the
+  // tree sum, which is linear, so it carries one array
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int hb = 0; hb < 2; ++hb)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int hb = 0; hb < 2; ++hb)
-              dst[(((j * 2 + hb) * NB + nb) * 4 + e) * 32] = acc[j][hb][nb][e];
-          dst[((NT * 2 * NB + nb) * 4 + e) * 32] = corr[nb][e];
-        }
-    }
-    __syncthreads();
-    if (warp < half) {
-      const float* src = red + warp * kAcc * 32 + lane;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int hb = 0; hb < 2; ++hb)
-              acc[j][hb][nb][e] += src[(((j * 2 + hb) * NB + nb) * 4 + e) * 32];
-          corr[nb][e] += src[((NT * 2 * NB + nb) * 4 + e) * 32];
-        }
-    }
-    __syncthreads();
-  }
+        for (int e = 0; e < 4; ++e) acc[j][hb][nb][e] -= corr[nb][e];
+  tree_sum(flat<kAcc>(acc), red, warp, nwarps, lane);
   if (warp != 0) return;
   // D fragment: acc[j][hb][nb][e] is output channel 32 (nt0 + j) + 16 hb + g + 8 (e >> 1),
-  // batch row 8 nb + 2 t + (e & 1); corr[nb][e] is that row's sum of x (every A row is ones).
+  // batch row 8 nb + 2 t + (e & 1), less that row's sum of x (corr: every A row is ones).
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -765,7 +721,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
           if (col >= n) continue;
           const float s = Dec<T>::kUnscale * (per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
-          y[(int64_t)row * n + col] = from_float<T>((acc[j][hb][nb][e] - corr[nb][e]) * s + b);
+          y[(int64_t)row * n + col] = from_float<T>(acc[j][hb][nb][e] * s + b);
         }
     }
 }
@@ -790,7 +746,7 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
       nwarps *= 2;
   }
   if (nwarps < 1 || nwarps > 16 || (nwarps & (nwarps - 1))) return cudaErrorInvalidValue;
-  constexpr int kAcc = (NT * 2 + 1) * NB * 4;
+  constexpr int kAcc = NT * 2 * NB * 4;
   const size_t smem = sizeof(float) * (nwarps / 2) * kAcc * 32 +
                       (size_t)nwarps * S * NT * kTileBytes;
   auto kernel = fused_decode_kernel<T, S, NB, NT, ABL>;
