@@ -68,6 +68,17 @@ void check_packed(const at::Tensor& packed) {
 }
 
 // Returns (per_tensor) after checking scale against N, K and group_size.
+// The repacked weight of an n x K layer: uint8 [ceil(n/32), ceil(K/64), 512] (fused.cu).
+// k_from says where K came from, for the message.
+void check_repacked(const at::Tensor& repacked, int64_t n, int64_t k, const char* k_from) {
+  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
+                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
+                  repacked.size(2) == 512,
+              msg("repacked must be uint8 [ceil(n/32), ceil(K/64), 512] = [", (n + 31) / 32,
+                  ", ", (k + 63) / 64, ", 512] for n=", n, " and ", k_from, " K=", k, "; got ",
+                  repacked.scalar_type(), " ", repacked.sizes(), ". Make it with ternary::repack"));
+}
+
 bool check_scale(const at::Tensor& scale, int64_t n, int64_t k, int64_t group_size) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat, msg("scale must be float32; got ",
               scale.scalar_type()));
@@ -196,12 +207,7 @@ at::Tensor repack_cuda(const at::Tensor& packed) {
 at::Tensor unrepack_cuda(const at::Tensor& repacked, int64_t n, int64_t k) {
   TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
               msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
-  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
-                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
-                  repacked.size(2) == 512,
-              msg("repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64, ", 512] for n=",
-                  n, ", K=", k, "; got ", repacked.scalar_type(), " ", repacked.sizes(),
-                  ". Make it with ternary::repack"));
+  check_repacked(repacked, n, k, "the given");
   TORCH_CHECK(repacked.is_cuda(), msg("repacked must be a CUDA tensor; got ", repacked.device()));
   const c10::cuda::CUDAGuard guard(repacked.device());
   const at::Tensor r = repacked.contiguous();
@@ -217,13 +223,7 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   TORCH_CHECK(x.dim() >= 1, msg("x must have at least one dimension; got ", x.sizes()));
   const int64_t k = x.size(-1);
   TORCH_CHECK(n >= 0, msg("n (output features) must be >= 0; got ", n));
-  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
-                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
-                  repacked.size(2) == 512,
-              msg("repacked must be uint8 [ceil(n/32), ceil(K/64), 512] = [", (n + 31) / 32,
-                  ", ", (k + 63) / 64, ", 512] for n=", n, " and x's K=", k, "; got ",
-                  repacked.scalar_type(), " ", repacked.sizes(),
-                  ". Make it with ternary::repack"));
+  check_repacked(repacked, n, k, "x's");
   TORCH_CHECK(repacked.is_cuda() && repacked.is_contiguous() &&
                   reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16 == 0,
               msg("repacked must be a contiguous CUDA tensor aligned to 16 bytes; got device ",
@@ -274,12 +274,7 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
                                    at::ScalarType dtype) {
   TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
               msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
-  TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
-                  repacked.size(0) == (n + 31) / 32 && repacked.size(1) == (k + 63) / 64 &&
-                  repacked.size(2) == 512,
-              msg("repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64, ", 512] for n=",
-                  n, ", K=", k, "; got ", repacked.scalar_type(), " ", repacked.sizes(),
-                  ". Make it with ternary::repack"));
+  check_repacked(repacked, n, k, "the given");
   TORCH_CHECK(repacked.is_cuda() && scale.device() == repacked.device(),
               msg("repacked and scale must be on one CUDA device; got ", repacked.device(), " and ",
                   scale.device()));

@@ -223,6 +223,22 @@ def test_linear_fused_cuda_refusals_carry_values():
         torch.ops.ternary.linear_fused(x.float(), repacked, packed, scale, 0, n, 1, None)
 
 
+def test_cuda_ops_refuse_a_repacked_weight_of_another_shape():
+    """The C++ ops behind ternary.ops (reached directly, past its Python checks) name the
+    shape they expect and the one they got."""
+    n, k = 40, 128
+    codes, scale = _weights(n, k, "channel", 0)
+    wrong = ops.repack(ops.pack(codes))[:, :1]  # K=64's tiles for a K=128 layer
+    x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
+    want = r"repacked must be uint8 \[ceil\(n/32\), ceil\(K/64\), 512\] = \[2, 2, 512\]"
+    with pytest.raises(RuntimeError, match=want + r" for n=40 and x's K=128; got Byte \[2, 1, 512\]"):
+        torch.ops.ternary.gemm_fused(x, wrong, scale, 0, n, None)
+    with pytest.raises(RuntimeError, match=want + r" for n=40 and the given K=128; got Byte"):
+        torch.ops.ternary.dequantize_repacked(wrong, scale, 0, n, k, torch.bfloat16)
+    with pytest.raises(RuntimeError, match=want + r" for n=40 and the given K=128; got Byte"):
+        torch.ops.ternary.unrepack(wrong, n, k)
+
+
 def test_cuda_graph_capture_and_replay():
     _rng()
     n, k, m = 300, 1028, 7
