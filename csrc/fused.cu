@@ -780,17 +780,18 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
   // grid is one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a step
   // and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between its
   // 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
-  // fused_gemm_kernel keeps that range.
+  // fused_gemm_kernel keeps that range. A 4-tile ring beats 8 at M = 16 too (fourth session:
+  // 17.4 against 18.3 us on 4096 x 22016, 11.3 against 12.2 on 11008 x 4096).
   if (m <= 8)
     return launch_decode<T, 4, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      num_sms, stream);
   if (m <= 16) {
     const int64_t tiles = (n + kTileN - 1) / kTileN;
     if (tiles >= 4 * (int64_t)num_sms)
-      return launch_decode<T, 8, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+      return launch_decode<T, 4, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream, 4);
     if (tiles <= num_sms)
-      return launch_decode<T, 8, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+      return launch_decode<T, 4, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream);
     return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
