@@ -237,7 +237,8 @@ def test_kernel_choice_is_logged_once_per_shape_in_the_smokes_format(tmp_path):
         logger.setLevel(old)
         handler.close()
     lines = smoke.kernel_lines(log.read_text())
-    assert lines == ["fused (dequantize + cuBLAS above M=64) for n=48 k=160 dtype=bfloat16 group_size=0",
+    assert lines == [f"fused (dequantize + cuBLAS above M={kernels.FUSED_MAX_M}) for n=48 k=160 "
+                     "dtype=bfloat16 group_size=0",
                      "cublas for n=48 k=160 dtype=bfloat16 group_size=64"]
     ok, detail = smoke.check_kernel(log, "fused")
     assert not ok and "cublas for n=48" in detail
