@@ -376,12 +376,13 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
   return cudaGetLastError();
 }
 
-// Small batches (M 17-256, channel or tensor scale): fused_gemm_kernel's split of K over the
+// Small batches (M 17-128, channel or tensor scale): fused_gemm_kernel's split of K over the
 // warps of a block, but a warp step takes one k tile of NT neighbouring n tiles, so a warp
 // loads and pre-scales its x fragments once for NT weight tiles, and the next step's x is in
-// flight while this one decodes (PF). fused_gemm_kernel loads x for every n tile: at M = 64 on
-// 4096 x 22016 that is 688 passes over x, 360 MB from L2 a call, which bounds it at 6.7 TB/s.
-// (branch next/gemm-smem staged x once a block in a shared-memory ring with warps split over N
+// flight while this one decodes (PF). fused_gemm_kernel loads x for every n tile (at M = 64 on
+// 4096 x 22016, 688 passes over x, 360 MB from L2 a call); halving that gained 9 % there, as
+// the mma.sync work is what bounds M >= 64 (bench/NOTES.md, fourth session). (Branch
+// next/gemm-smem staged x once a block in a shared-memory ring with warps split over N
 // instead: 2-6x slower on the H200, one barrier a k step and too few warps to cover latency.)
 template <typename T, int MT, int NT, int S, bool PF>
 __global__ void __launch_bounds__(256, 1)
