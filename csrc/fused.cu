@@ -532,7 +532,7 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
 }
 
 // Warps a block as launch_fused picks them (up to 8, while the grid has fewer than 16 an SM
-// and every warp keeps 2 S tiles); nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
+// and every warp keeps at least S tiles); nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
 template <typename T, int MT, int NT, int S, bool PF>
 cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
