@@ -63,10 +63,24 @@ Launch gemm_nt(int nwarps) {
 
 std::vector<Variant> variants() {
   std::vector<Variant> v;
+  // production routing, with the workspace it asks for (kept between calls, as a caller may)
   v.push_back({"prod", 128, [](const void* x, const uint8_t* w, const float* s, void* y,
                               int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
+                 static float* ws = nullptr;
+                 static int64_t cap = 0;
+                 const int64_t need = gemm_fused_workspace_floats(m, n, k, 0, sms);
+                 if (need > cap) {
+                   if (ws) CK(cudaFree(ws));
+                   CK(cudaMalloc(&ws, need * 4));
+                   cap = need;
+                 }
                  return launch_gemm_fused(x, k, w, s, nullptr, y, DType::kBFloat16, m, n, k, 0,
-                                          false, sms, st);
+                                          false, sms, need ? ws : nullptr, st);
+               }});
+  v.push_back({"wgmma-rs-64", 128, [](const void* x, const uint8_t* w, const float* s, void* y,
+                                     int64_t m, int64_t n, int64_t k, int, cudaStream_t st) {
+                 return launch_wgmma_rs<bf16, 64>(x, k, w, s, nullptr, y, m, n, k, false, 1,
+                                                  nullptr, st);
                }});
   v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
                                        int64_t m, int64_t n, int64_t k, int sms,

@@ -22,8 +22,11 @@ for dtype in (torch.bfloat16, torch.float16):
                        (12, 2 * SMS * 32 + 8, 128, 0), (12, 4 * SMS * 32 + 8, 128, 0),
                        # M 17-128 (two n tiles a warp step): odd tile count, ring wraps,
                        # K of one tile; group scale up to FUSED_MAX_M
-                       (33, 389, 1000, 0), (128, 40, 4096, 0), (100, 33, 64, 0),
-                       (128, 70, 260, 64)):
+                       (33, 389, 1000, 0), (128, 70, 260, 64), (80, 128 * SMS + 8, 128, 0),
+                       # M 65-128 on Hopper (wgmma, A in registers): K split 4 ways and
+                       # ragged N; K of one tile; 64 tokens a block, two row blocks
+                       (128, 40, 4096, 0), (70, 300, 1024, 0), (100, 33, 64, 0),
+                       (100, 128 * SMS + 40, 128, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)

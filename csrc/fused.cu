@@ -762,11 +762,383 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   return cudaGetLastError();
 }
 
+// ---------------------------------------------------------------------------------------------
+// M 65-128 on Hopper (sm_90a): wgmma with the weights as the A operand, decoded straight into
+// registers, and x as B from shared memory (bench/NOTES.md, fifth session). The mma.sync
+// kernels above spend their time on matrix work at these M; wgmma has 2x the rate, and with A
+// in registers the decode writes no shared memory.
+// - One warpgroup takes a 64-channel slice (two repacked tiles), NWG of them a block, which
+//   shares BNX tokens of x (the wgmma's N).
+// - Lane (g, t) of a repacked tile holds channels 8 f + g at k 16 t .. 16 t + 15, and word s
+//   of its 16 bytes is exactly the A fragment of k16 step s under the k order the decode
+//   kernel uses (physical k = 16 t + 4 s + 2 u + h for logical k = 16 s + 8 u + 2 t + h). So a
+//   thread decodes only its own lane: a shift, a lop3 and the exact (magic + c) - (magic + 1)
+//   = c - 1 a register, with no correction term.
+// - x is copied in that k order: a row's logical words 8 s + 4 u + t are its physical words
+//   8 t + 2 s + u, a 4 x 8 transpose, done in registers (four 16-byte loads, four 16-byte
+//   stores a row half) into the 128-byte swizzled K-major layout. Warpgroup kt % NWG moves
+//   k tile kt, NWG steps ahead.
+// - The raw weight pieces come by cp.async into an S-deep ring (each thread its own 16
+//   bytes); A of step kt + 1 is decoded while wgmma(kt) runs.
+// - Small grids split K (gridDim.z): each split stores its fp32 part in a workspace, and a
+//   second kernel sums the parts in a fixed order (deterministic) and adds the bias.
+// The body compiles only for sm_90a; wgmma_rs_compiled() tells the host whether the loaded
+// image has it.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (helpers of the sm_90a body only)
+template <typename T> struct WgDec;
+template <> struct WgDec<__nv_bfloat16> {
+  static constexpr uint32_t kMagic = 0x43004300u;  // 128 in both halves: ulp 1
+  static constexpr uint32_t kSub = 0xC301C301u;    // -129
+};
+template <> struct WgDec<__half> {
+  static constexpr uint32_t kMagic = 0x64006400u;  // 1024: ulp 1
+  static constexpr uint32_t kSub = 0xE401E401u;    // -1025
+};
+
+__device__ __forceinline__ uint32_t add_x2(__nv_bfloat16*, uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t add_x2(__half*, uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;  // (a & b) | c
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+// wgmma shared-memory descriptor: 128-byte swizzle (layout type 1), LBO unused (1), SBO 1024
+// (8 rows of 128 bytes)
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+// a k16 step's start inside a 64-wide, 128-byte swizzled k tile
+__host__ __device__ constexpr int wg_step(int s) { return s * 32; }
+
+// wgmma m64nNk16 with A from registers (a0..a3: the m16n8k16 A fragment of the warp's 16
+// rows) and B from shared memory (descriptor), D += A B in fp32 registers
+template <typename T, int N> struct WgmmaRS;
+template <> struct WgmmaRS<__nv_bfloat16, 64> {
+  static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct WgmmaRS<__nv_bfloat16, 128> {
+  static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct WgmmaRS<__half, 64> {
+  static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+template <> struct WgmmaRS<__half, 128> {
+  static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+  }
+};
+
+#endif
+
+template <typename T, int BNX, int NWG, int S>
+__global__ void __launch_bounds__(128 * NWG)
+fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
+                       const float* __restrict__ scale, const T* __restrict__ bias,
+                       T* __restrict__ y, float* __restrict__ ws, int m, int n, int kt_total,
+                       int nt_count, bool per_tensor) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(NWG >= 2 && S >= NWG + 2 && S >= 5, "x tiles alternate over the warpgroups");
+  constexpr int kT = 128 * NWG, kX = BNX * kTileK * 2, kNX = BNX / 64;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (sraw + 1023) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - sraw);
+  const uint32_t raw0 = base + S * kX;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * BNX;
+  // split z of gridDim.z takes k tiles [kb, kb + kt_count)
+  const int kb = (int)((int64_t)kt_total * blockIdx.z / gridDim.z);
+  const int kt_count = (int)((int64_t)kt_total * (blockIdx.z + 1) / gridDim.z) - kb;
+  const int tile = blockIdx.y * 2 * NWG + wg * 2 + (warp >> 1);
+  const int flo = 2 * (warp & 1);
+  const uint4* wt = w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
+  // x: thread (r, h) of a warpgroup moves the half h of row r: physical 16-byte pieces 2 t + h
+  // (t = 0..3) hold logical word t of chunks 4 h .. 4 h + 3
+  // (rows xr + 64 v for v < kNX)
+  const int xr = (tid & 127) >> 1, xh = tid & 1;
+  const uint4* xrow[kNX];
+#pragma unroll
+  for (int v = 0; v < kNX; ++v)
+    xrow[v] = m0 + xr + 64 * v < m
+                  ? reinterpret_cast<const uint4*>(x + (int64_t)(m0 + xr + 64 * v) * ldx + (int64_t)kb * kTileK) + xh
+                  : nullptr;
+  uint4 xq[kNX][4];
+  auto xload = [&](int kt) {
+#pragma unroll
+    for (int v = 0; v < kNX; ++v)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        xq[v][i] = xrow[v] != nullptr && kt < kt_count ? __ldg(xrow[v] + kt * 8 + 2 * i) : make_uint4(0, 0, 0, 0);
+  };
+  auto xstore = [&](int kt) {
+#pragma unroll
+    for (int v = 0; v < kNX; ++v) {
+      uint8_t* row = sbase + (kt % S) * kX + (xr + 64 * v) * 128;
+      const uint32_t* q0 = reinterpret_cast<const uint32_t*>(&xq[v][0]);
+      const uint32_t* q1 = reinterpret_cast<const uint32_t*>(&xq[v][1]);
+      const uint32_t* q2 = reinterpret_cast<const uint32_t*>(&xq[v][2]);
+      const uint32_t* q3 = reinterpret_cast<const uint32_t*>(&xq[v][3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int c = 4 * xh + j;
+        *reinterpret_cast<uint4*>(row + ((c ^ (xr & 7)) << 4)) = make_uint4(q0[j], q1[j], q2[j], q3[j]);
+      }
+    }
+  };
+  auto rawload = [&](int kt) {
+    if (kt < kt_count)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(raw0 + ((kt % S) * kT + tid) * 16),
+                   "l"(wt + (int64_t)kt * 32));
+    cp_async_commit();
+  };
+  auto rawread = [&](int kt) {  // this thread's own piece, after its group wait
+    return kt < kt_count ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % S) * kT + tid) * 16)
+                         : make_uint4(0, 0, 0, 0);
+  };
+  auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
+    const uint32_t word[4] = {q.x >> (4 * flo), q.y >> (4 * flo), q.z >> (4 * flo), q.w >> (4 * flo)};
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // f = flo + (i & 1), u = i >> 1: shift 2 (2 f + u)
+        const int sh = 4 * (i & 1) + 2 * (i >> 1);
+        a[s][i] = add_x2((T*)nullptr, lop3_and_or(word[s] >> sh, 0x00030003u, WgDec<T>::kMagic),
+                         WgDec<T>::kSub);
+      }
+  };
+  auto pin = [](uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+  };
+
+  float d[BNX / 2];
+#pragma unroll
+  for (int i = 0; i < BNX / 2; ++i) d[i] = 0.f;
+  uint32_t a[2][4][4];
+  uint4 q[2];
+  // prologue: raw tiles 0 .. S - 3 in flight; x tiles 0 .. NWG - 1 in shared memory (tile j by
+  // warpgroup j), and each warpgroup's next tile (wg + NWG) in its registers
+#pragma unroll
+  for (int p = 0; p < S - 2; ++p) rawload(p);
+  xload(wg);
+  xstore(wg);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  xload(wg + NWG);
+  cp_async_wait<S - 3>();
+  decode(rawread(0), a[0]);
+  cp_async_wait<S - 4>();
+  q[1] = rawread(1);
+  // Step kt: wgmma(kt) on x stage kt % S and A(kt); then A(kt + 1) is decoded from the raw
+  // piece read last step, tile kt + 2's piece is read, and the warpgroup that owns tile
+  // kt + NWG stores it (its registers) and loads tile kt + 2 NWG. The stage it overwrites
+  // last held tile kt + NWG - S, read by a wgmma every warp waited for before this step's
+  // barrier (S >= NWG + 2).
+  auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
+                  uint4& qnext) {
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    pin(anext);
+    decode(qcur, anext);
+    pin(acur);
+#pragma unroll
+    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    cp_async_wait<S - 5>();  // raw tile kt + 2
+    qnext = rawread(kt + 2);
+    if (wg == (kt + NWG) % NWG && kt + NWG < kt_count) {
+      xstore(kt + NWG);
+      // before the next loads: the fence waits for this thread's loads in flight
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      xload(kt + 2 * NWG);
+    }
+    rawload(kt + S - 2);
+  };
+  for (int kt = 0; kt < kt_count; kt += 2) {
+    step(kt, a[0], a[1], q[1], q[0]);
+    if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
+  }
+  cp_async_wait<0>();
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  pin(a[0]);
+  pin(a[1]);
+#pragma unroll
+  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  const int ch0 = blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int col = ch0 + 8 * hi;
+    if (col >= n) continue;
+    const float sc = per_tensor ? scale[0] : scale[col];
+    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < BNX / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = m0 + 8 * j + 2 * t + e;
+        if (row >= m) continue;
+        const float v = d[4 * j + 2 * hi + e] * sc;
+        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
+        else y[(int64_t)row * n + col] = from_float<T>(v + b);
+      }
+  }
+#endif
+}
+
+// y = ws + bias (the split-K sums), then ws back to zero for the next call
+template <typename T>
+__global__ void wgmma_splitk_finish_kernel(float* __restrict__ ws, const T* __restrict__ bias,
+                                           T* __restrict__ y, int64_t m, int n) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * n) return;
+  const float b = bias ? to_float(bias[i % n]) : 0.f;
+  y[i] = from_float<T>(ws[i] + b);
+  ws[i] = 0.f;
+}
+
+// y = the sum of the split-K parts (in split order) + bias
+template <typename T>
+__global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
+                                       T* __restrict__ y, int64_t m, int n, int splits) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * n) return;
+  float acc = 0.f;
+  for (int z = 0; z < splits; ++z) acc += ws[z * m * n + i];
+  y[i] = from_float<T>(acc + (bias ? to_float(bias[i % n]) : 0.f));
+}
+
+// Its shared array exists only in the sm_90a image, so cudaFuncGetAttributes (no launch, no
+// sync: safe while a graph is captured) tells which image the device loaded.
+__global__ void wgmma_rs_probe_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ int mark[256];
+  mark[threadIdx.x] = (int)threadIdx.x;
+  __syncthreads();
+  if (out) *out = mark[255 - threadIdx.x];
+#endif
+}
+
+bool wgmma_rs_compiled() {
+  static int state[64];  // per device: 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  if (state[dev] == 0) {
+    cudaFuncAttributes a{};
+    const bool yes = cudaFuncGetAttributes(&a, wgmma_rs_probe_kernel) == cudaSuccess &&
+                     a.sharedSizeBytes >= 1024;
+    (void)cudaGetLastError();
+    state[dev] = yes ? 2 : 1;
+  }
+  return state[dev] == 2;
+}
+
+// The route's choice (bench/NOTES.md, fifth session, kernel_lab on the H200): 64 tokens a
+// block where the channel blocks alone fill the GPU (4096 x 22016: 76.7 against 89.0 us at
+// M = 128), else 128 tokens with K split until the grid is about one wave (11008 x 4096: 36.3
+// against 47.3). Below M = 97 it pays only where K is split (the 64-token kernel re-decodes
+// the weights for the second 64 rows; a 128-token block without a split is one long chain).
+struct WgmmaRsPlan {
+  int bnx = 0;  // 0: not this route
+  int splits = 1;
+};
+WgmmaRsPlan wgmma_rs_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
+  WgmmaRsPlan p;
+  if (group_size != 0 || m < 65 || m > 128 || k < kTileK || !wgmma_rs_compiled()) return p;
+  const int64_t nb = (n + 127) / 128, kt = k / kTileK;
+  if (nb >= num_sms) {
+    if (m >= 97) p.bnx = 64;
+    return p;
+  }
+  int s = 1;
+  while (s < 4 && nb * s * 2 <= num_sms && kt >= s * 2) s *= 2;
+  if (m >= 97 || s >= 2) {
+    p.bnx = 128;
+    p.splits = s;
+  }
+  return p;
+}
+
+template <typename T, int BNX>
+cudaError_t launch_wgmma_rs(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
+                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
+                            bool per_tensor, int splits, float* ws, cudaStream_t stream) {
+  constexpr int kNWG = 2, kS = BNX == 64 ? 8 : 6;
+  if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
+  constexpr int kSmem = kS * (BNX * kTileK * 2 + 128 * kNWG * 16) + 1024;
+  auto kernel = fused_wgmma_rs2_kernel<T, BNX, kNWG, kS>;
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return attr;
+  const int kt_count = (int)(k / kTileK);
+  const int64_t nt_count = (n + kTileN - 1) / kTileN;
+  const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 64 * kNWG - 1) / (64 * kNWG);
+  if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  kernel<<<dim3((unsigned)mb, (unsigned)nb, (unsigned)splits), 128 * kNWG, kSmem, stream>>>(
+      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+      splits > 1 ? ws : nullptr, (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
+  if (splits > 1) {
+    const int64_t total = m * n;
+    wgmma_rs_finish_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
+        ws, (const T*)bias, (T*)y, m, (int)n, splits);
+  }
+  return cudaGetLastError();
+}
+
 template <typename T>
 cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repacked,
                                const float* scale, const void* bias, void* y, int64_t m,
                                int64_t n, int64_t k, int64_t group_size, bool per_tensor,
-                               int num_sms, cudaStream_t stream) {
+                               int num_sms, float* workspace, cudaStream_t stream) {
   // x rows arrive padded to whole tiles (ops.cpp), so k here is a multiple of 64.
   if (group_size) {  // one m16 tile per block: the per-tile group partials need the registers
     if (m <= 8)
@@ -796,6 +1168,14 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                        num_sms, stream);
     return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
                                         per_tensor, num_sms, stream);
+  }
+  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
+  if (plan.bnx && (plan.splits == 1 || workspace != nullptr)) {
+    if (plan.bnx == 64)
+      return launch_wgmma_rs<T, 64>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                    plan.splits, workspace, stream);
+    return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                   plan.splits, workspace, stream);
   }
   // M 17-128: one m16 tile and two n tiles a warp step (fourth session, lab: on 4096 x 22016
   // 29.8 / 49.3 / 87.8 us at M = 32 / 64 / 128 against fused_gemm_kernel MT=2's
@@ -940,19 +1320,40 @@ cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_
   return cudaGetLastError();
 }
 
+int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t group_size,
+                                    int num_sms) {
+  if (m == 0 || n == 0) return 0;
+  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
+  return plan.bnx && plan.splits > 1 ? plan.splits * m * n : 0;
+}
+
+const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
+  if (group_size) return m <= 8 ? "fused_gemm_half" : "fused_gemm";
+  if (m <= 8) return "decode";
+  if (m <= 16) {
+    const int64_t tiles = (n + kTileN - 1) / kTileN;
+    return tiles >= 4 * (int64_t)num_sms || tiles <= num_sms ? "decode" : "fused_gemm";
+  }
+  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
+  if (plan.bnx) return plan.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
+  return "fused_gemm_nt";
+}
+
 cudaError_t launch_gemm_fused(const void* x, int64_t ldx, const uint8_t* repacked,
                               const float* scale, const void* bias, void* y, DType dtype,
                               int64_t m, int64_t n, int64_t k, int64_t group_size,
-                              bool per_tensor, int num_sms, cudaStream_t stream) {
+                              bool per_tensor, int num_sms, float* workspace,
+                              cudaStream_t stream) {
   if (m == 0 || n == 0) return cudaSuccess;
   if (group_size % kTileK) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kHalf:
       return launch_fused_typed<__half>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                        per_tensor, num_sms, stream);
+                                        per_tensor, num_sms, workspace, stream);
     case DType::kBFloat16:
       return launch_fused_typed<__nv_bfloat16>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                               group_size, per_tensor, num_sms, stream);
+                                               group_size, per_tensor, num_sms, workspace,
+                                               stream);
     default:
       return cudaErrorInvalidValue;
   }

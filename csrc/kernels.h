@@ -39,9 +39,19 @@ cudaError_t launch_dequantize_repacked(const uint8_t* repacked, const float* sca
                                        bool per_tensor, cudaStream_t stream);
 // y[m, n] = x @ W^T (+ bias) straight from the repacked codes; dtype half or bfloat16;
 // group_size 0 (channel/tensor scale) or a multiple of 64. num_sms sizes the grid.
+// workspace: gemm_fused_workspace_floats(...) floats on the device (any contents), or nullptr
+// when that is 0 (with nullptr a route that needs it falls back to one that does not).
 cudaError_t launch_gemm_fused(const void* x, int64_t ldx, const uint8_t* repacked,
                               const float* scale, const void* bias, void* y, DType dtype,
                               int64_t m, int64_t n, int64_t k, int64_t group_size,
-                              bool per_tensor, int num_sms, cudaStream_t stream);
+                              bool per_tensor, int num_sms, float* workspace,
+                              cudaStream_t stream);
+// The fp32 workspace launch_gemm_fused wants for this call on the current device (the
+// split-K parts of the Hopper route), in floats; 0 for none.
+int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t group_size,
+                                    int num_sms);
+// The kernel launch_gemm_fused picks for this call on the current device ("decode",
+// "fused_gemm", "fused_gemm_half", "fused_gemm_nt", "wgmma_rs", "wgmma_rs_splitk").
+const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);
 
 }  // namespace ternary

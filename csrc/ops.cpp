@@ -261,9 +261,13 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   const at::Tensor s = scale.contiguous();
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t ws_floats = gemm_fused_workspace_floats(m, n, kpad, group_size, num_sms);
+  const at::Tensor ws = ws_floats ? at::empty({ws_floats}, x.options().dtype(at::kFloat))
+                                  : at::Tensor();
   check_cuda(launch_gemm_fused(x2.data_ptr(), x2.stride(0), repacked.data_ptr<uint8_t>(),
                                s.data_ptr<float>(), bias ? b.data_ptr() : nullptr, y.data_ptr(),
                                dtype_of(x, "x"), m, n, kpad, group_size, per_tensor, num_sms,
+                               ws_floats ? ws.data_ptr<float>() : nullptr,
                                at::cuda::getCurrentCUDAStream()),
              "gemm_fused");
   return y.view(out_shape);
@@ -351,5 +355,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["git_revision"] = TERNARY_GIT_REVISION;
     d["torch_version"] = TERNARY_TORCH_VERSION;
     return d;
+  });
+  // The kernel ternary::gemm_fused picks for x [m, k] and n outputs on that CUDA device.
+  m.def("fused_route", [](int64_t m, int64_t n, int64_t k, int64_t group_size, int64_t device) {
+    TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0,
+                "fused_route takes m, n, k, group_size >= 0 and a device index; got m=", m,
+                " n=", n, " k=", k, " group_size=", group_size, " device=", device);
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+    return std::string(
+        ternary::gemm_fused_route(m, n, (k + 63) / 64 * 64, group_size, sms));
   });
 }

@@ -62,3 +62,9 @@ def build_info() -> dict[str, object] | None:
     if module is None:
         return None
     return dict(module.build_info())  # type: ignore[attr-defined]
+
+
+def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> str:
+    """The CUDA kernel ternary::gemm_fused picks for x [m, k] and n outputs on `device`
+    ("decode", "fused_gemm", "fused_gemm_nt", "wgmma_rs", ...). Needs ternary._C."""
+    return str(require().fused_route(m, n, k, group_size, device))  # type: ignore[attr-defined]

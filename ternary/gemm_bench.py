@@ -28,6 +28,7 @@ class Row:
     m: int
     us: dict[str, float | None] = field(default_factory=dict)
     auto_kernel: str = ""
+    fused_kernel: str = ""  # the CUDA kernel gemm_fused picks (ternary._ext.fused_route)
     floor_bw_us: float = 0.0
     floor_compute_us: float = 0.0
 
@@ -107,7 +108,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
         replays: int = 20, progress: bool = True, partial_json: str | None = None) -> dict:
     """Times every (shape, M); with partial_json, rewrites that file after each row so a run
     cut short still leaves its numbers."""
-    from ternary import kernels, ops
+    from ternary import _ext, kernels, ops
 
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
@@ -159,6 +160,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 choice = kernels.choose(platform, m=m, n=n, k=k, dtype=dtype, group_size=0,
                                         device=device)
                 row.auto_kernel = choice.route(m)
+                row.fused_kernel = _ext.fused_route(m, n, k, 0, torch.device(device).index or 0)
                 auto_prep = [choice.prepare(p, s, 0) for p, s in zip(packed, scales)] \
                     if choice.name != "fused" else prepared
                 cases = {
@@ -204,8 +206,8 @@ def render(result: dict) -> None:
     t = Table(title=(f"{meta['device']}: ternary gemm, {meta['dtype']}, CUDA graphs, weights "
                      f"rotated past L2; copy {meta['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 mm "
                      f"{meta['bf16_mm_flops'] / 1e12:.0f} TFLOP/s; times in us"))
-    for col in ("K x N", "M", "fused", "auto (kernel)", "cuBLAS bf16", "dequant+mm", "gemlite",
-                "x cuBLAS", "x gemlite", "floor us", "floor %"):
+    for col in ("K x N", "M", "fused (kernel)", "auto (policy)", "cuBLAS bf16", "dequant+mm",
+                "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %"):
         t.add_column(col, justify="right")
 
     def f(v):
@@ -215,7 +217,9 @@ def render(result: dict) -> None:
         us = r["us"]
         fu, cb, gl, au = us.get("fused"), us.get("cublas_dense"), us.get("gemlite"), us.get("auto")
         floor = max(r["floor_bw_us"], r["floor_compute_us"])
-        t.add_row(f"{r['k']} x {r['n']}", str(r["m"]), f(fu), f"{f(au)} ({r['auto_kernel']})",
+        fk = f" ({r['fused_kernel']})" if r.get("fused_kernel") else ""
+        t.add_row(f"{r['k']} x {r['n']}", str(r["m"]), f"{f(fu)}{fk}",
+                  f"{f(au)} ({r['auto_kernel']})",
                   f(cb), f(us.get("cublas_path")), f(gl),
                   f"{cb / au:.2f}" if cb and au else "-", f"{gl / au:.2f}" if gl and au else "-",
                   f"{floor:.1f}{'' if r['floor_bw_us'] >= r['floor_compute_us'] else ' (c)'}",

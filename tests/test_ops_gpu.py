@@ -350,6 +350,58 @@ def test_decode_kernel_every_warp_count_and_scale(m):
         _check(y, ref, torch.bfloat16, f"decode m={m} n={n} k={k} {mode}")
 
 
+def _hopper_route_expected() -> bool:
+    """The Hopper route exists on a 9.0 GPU when the extension holds sm_90a code."""
+    from ternary import _ext
+
+    info = _ext.build_info() or {}
+    return torch.cuda.get_device_capability(0) == (9, 0) and "9.0a" in str(info.get("arch_list"))
+
+
+@pytest.mark.parametrize("m", [65, 97, 100, 128])
+def test_wgmma_rs_route_matches_float64(m):
+    """M 65-128 on Hopper: wgmma with the decoded weights in registers (csrc/fused.cu). Every
+    variant of its plan: 64 tokens a block where the channel blocks fill the GPU (M >= 97,
+    two row blocks, ragged last one), 128 tokens with K split 4 or 2 ways (ragged N inside a
+    block), unsplit, and K of one tile (no split possible); channel and tensor scale, bias,
+    both dtypes, against float64. Elsewhere the same calls take fused_gemm_nt."""
+    from ternary import _ext
+
+    _rng(m)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hopper = _hopper_route_expected()
+    unsplit = "wgmma_rs" if m >= 97 else "fused_gemm_nt"
+    cases = (  # n, k, mode, dtype, route on Hopper
+        (128 * sms + 40, 1000, "channel", torch.bfloat16, unsplit),
+        (300, 4096, "tensor", torch.float16, "wgmma_rs_splitk"),
+        (128 * (sms // 3), 2048, "channel", torch.bfloat16, "wgmma_rs_splitk"),
+        (128 * (3 * sms // 4) + 5, 704, "channel", torch.float16, unsplit),
+        (77, 64, "channel", torch.bfloat16, unsplit),
+    )
+    for n, k, mode, dtype, route in cases:
+        got = _ext.fused_route(m, n, k, 0, 0)
+        if hopper:
+            assert got == route, f"m={m} n={n} k={k}: route {got}, expected {route}"
+        codes, scale = _weights(n, k, mode, 0)
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        bias = torch.randn(n, dtype=dtype, device="cuda")
+        _poison((m, n), dtype)
+        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
+        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
+        _check(y, ref, dtype, f"{got} m={m} n={n} k={k} {mode} {dtype}")
+
+
+def test_fused_route_outside_the_hopper_range():
+    """The Hopper route takes M 65-128 with channel or tensor scale only."""
+    from ternary import _ext
+
+    assert _ext.fused_route(1, 4096, 4096, 0, 0) == "decode"
+    assert _ext.fused_route(64, 4096, 4096, 0, 0) == "fused_gemm_nt"
+    assert _ext.fused_route(100, 4096, 4096, 128, 0) == "fused_gemm"
+    if _hopper_route_expected():
+        assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_rs_splitk"
+
+
 @pytest.mark.parametrize("m", [17, 31, 33, 64, 100, 128])
 def test_gemm_nt_kernel_pairs_and_edges(m):
     """fused_gemm_nt_kernel (M 17-128, two n tiles a warp step): an odd number of n tiles (the
