@@ -20,6 +20,7 @@
 // 2^100 (exact: a power of two). Pair r=1 of fragment f then sits at bits 4f+2, read as 4c
 // without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
 // 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
+#include <atomic>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1067,17 +1068,19 @@ __global__ void wgmma_rs_probe_kernel(int* out) {
 }
 
 bool wgmma_rs_compiled() {
-  static int state[64];  // per device: 0 unknown, 1 no, 2 yes
+  static std::atomic<int> state[64];  // per device: 0 unknown, 1 no, 2 yes
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  if (state[dev] == 0) {
+  int v = state[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
     cudaFuncAttributes a{};
     const bool yes = cudaFuncGetAttributes(&a, wgmma_rs_probe_kernel) == cudaSuccess &&
                      a.sharedSizeBytes >= 1024;
     (void)cudaGetLastError();
-    state[dev] = yes ? 2 : 1;
+    v = yes ? 2 : 1;
+    state[dev].store(v, std::memory_order_relaxed);
   }
-  return state[dev] == 2;
+  return v == 2;
 }
 
 // The route's choice (bench/NOTES.md, fifth session, kernel_lab on the H200): 64 tokens a
