@@ -1034,17 +1034,6 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 #endif
 }
 
-// y = ws + bias (the split-K sums), then ws back to zero for the next call
-template <typename T>
-__global__ void wgmma_splitk_finish_kernel(float* __restrict__ ws, const T* __restrict__ bias,
-                                           T* __restrict__ y, int64_t m, int n) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= m * n) return;
-  const float b = bias ? to_float(bias[i % n]) : 0.f;
-  y[i] = from_float<T>(ws[i] + b);
-  ws[i] = 0.f;
-}
-
 // y = the sum of the split-K parts (in split order) + bias
 template <typename T>
 __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
