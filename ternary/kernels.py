@@ -10,7 +10,8 @@ tests can inject WSL2, Windows or a machine without a GPU.
 - fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
   FUSED_MAX_M rows it hands the call to dequantize + cuBLAS, which bench/NOTES.md measured
   faster there (the weight is read once per call either way; at large M the time is matrix
-  work, where cuBLAS's wgmma kernels beat our mma.sync ones).
+  work, where cuBLAS beats our kernels: mma.sync, and on Hopper the wgmma kernel that takes
+  M 65-128).
 - cublas: dequantize to the activation dtype, then torch.mm with the bias added separately
   (no addmm: its bias epilogue goes through cublasLt, which the Windows target lacks).
   Runs without ternary._C too (the reference dequantize serves CUDA tensors).
@@ -30,8 +31,8 @@ from ternary import _ext, ops
 ENV = "TERNARY_KERNEL"
 
 # Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
-# bench/NOTES.md, H200, every shape of the benchmark: at M = 128 the fused kernel took
-# 20-88 us against the dequantize route's 29-123, at M = 256 37-168 against 30-136).
+# bench/results-h200.json, H200, every shape of the benchmark: at M = 128 the fused kernel
+# took 19-78 us against the dequantize route's 29-122, at M = 256 38-173 against 30-133).
 FUSED_MAX_M = 128
 
 
