@@ -350,6 +350,17 @@ def test_decode_kernel_every_warp_count_and_scale(m):
         _check(y, ref, torch.bfloat16, f"decode m={m} n={n} k={k} {mode}")
 
 
+def _fused_with_bias_matches(m: int, n: int, k: int, mode: str, dtype, what: str) -> None:
+    """gemm_fused with a bias (channel or tensor scale) against float64 on fresh inputs."""
+    codes, scale = _weights(n, k, mode, 0)
+    x = torch.randn(m, k, dtype=dtype, device="cuda")
+    bias = torch.randn(n, dtype=dtype, device="cuda")
+    _poison((m, n), dtype)
+    y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
+    ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
+    _check(y, ref, dtype, f"{what} m={m} n={n} k={k} {mode} {dtype}")
+
+
 def _hopper_route_expected() -> bool:
     """The Hopper route exists on a 9.0 GPU when the extension holds sm_90a code."""
     from ternary import _ext
@@ -382,13 +393,7 @@ def test_wgmma_rs_route_matches_float64(m):
         got = _ext.fused_route(m, n, k, 0, 0)
         if hopper:
             assert got == route, f"m={m} n={n} k={k}: route {got}, expected {route}"
-        codes, scale = _weights(n, k, mode, 0)
-        x = torch.randn(m, k, dtype=dtype, device="cuda")
-        bias = torch.randn(n, dtype=dtype, device="cuda")
-        _poison((m, n), dtype)
-        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
-        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
-        _check(y, ref, dtype, f"{got} m={m} n={n} k={k} {mode} {dtype}")
+        _fused_with_bias_matches(m, n, k, mode, dtype, got)
 
 
 def test_fused_route_outside_the_hopper_range():
@@ -413,10 +418,4 @@ def test_gemm_nt_kernel_pairs_and_edges(m):
                               (40, 4096, "tensor", torch.float16),
                               (33, 64, "channel", torch.bfloat16),
                               (7 * 32, 2048, "channel", torch.float16)):
-        codes, scale = _weights(n, k, mode, 0)
-        x = torch.randn(m, k, dtype=dtype, device="cuda")
-        bias = torch.randn(n, dtype=dtype, device="cuda")
-        _poison((m, n), dtype)
-        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
-        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
-        _check(y, ref, dtype, f"gemm_nt m={m} n={n} k={k} {mode} {dtype}")
+        _fused_with_bias_matches(m, n, k, mode, dtype, "gemm_nt")
