@@ -851,7 +851,6 @@ TERNARY_WGMMA_RS(__half, "f16", 64)
 TERNARY_WGMMA_RS(__half, "f16", 128)
 #undef TERNARY_WGMMA_RS
 
-
 #endif
 
 template <typename T, int BNX, int NWG, int S>

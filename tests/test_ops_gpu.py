@@ -397,12 +397,15 @@ def test_wgmma_rs_route_matches_float64(m):
 
 
 def test_fused_route_outside_the_hopper_range():
-    """The Hopper route takes M 65-128 with channel or tensor scale only."""
+    """The Hopper route takes M 65-128 with channel or tensor scale only; a bad size is
+    refused with its value."""
     from ternary import _ext
 
     assert _ext.fused_route(1, 4096, 4096, 0, 0) == "decode"
     assert _ext.fused_route(64, 4096, 4096, 0, 0) == "fused_gemm_nt"
     assert _ext.fused_route(100, 4096, 4096, 128, 0) == "fused_gemm"
+    with pytest.raises(RuntimeError, match="m=-1"):
+        _ext.fused_route(-1, 4096, 4096, 0, 0)
     if _hopper_route_expected():
         assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_rs_splitk"
 
