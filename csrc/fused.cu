@@ -534,6 +534,29 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
 
 // Warps a block as launch_fused picks them (up to 8, while the grid has fewer than 16 an SM
 // and every warp keeps at least S tiles); nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
+// Blocks of `threads` threads and `smem` dynamic shared bytes that fit an SM of the current
+// device, cached in the caller's per-device array (the first call asks the runtime; no launch,
+// so it is safe during graph capture); 1 when the runtime cannot say.
+template <typename K>
+int occupancy_blocks(K kernel, int threads, size_t smem, std::atomic<int> (&cached)[64]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+  int v = cached[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int blocks = 0;
+    if (smem > 48 * 1024)
+      (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem) !=
+            cudaSuccess ||
+        blocks < 1)
+      blocks = 1;
+    (void)cudaGetLastError();
+    v = blocks;
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 template <typename T, int MT, int NT, int S, bool PF>
 cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
@@ -544,17 +567,28 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
   const int64_t nt_count = (n + kTileN - 1) / kTileN;
   const int64_t mb = (m + 16 * MT - 1) / (16 * MT), nb = (nt_count + NT - 1) / NT;
   if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  constexpr int kAcc = MT * NT * 16;
+  auto smem_for = [](int warps) {
+    const size_t ring = (size_t)warps * S * NT * kTileBytes;
+    const size_t tree = sizeof(float) * (warps / 2) * kAcc * 32;
+    return ring > tree ? ring : tree;
+  };
+  auto kernel = fused_gemm_nt_kernel<T, MT, NT, S, PF>;
   if (nwarps == 0) {
     nwarps = 4;
     while (nwarps < 8 && mb * nb * nwarps < (int64_t)num_sms * 16 && kt_count >= nwarps * 2 * S)
       nwarps *= 2;
+    // 8 warps only where the grid still fits one wave (sixth session, kernel_lab on the H200:
+    // 4096 x 6144 at M = 33 / 64 is 288 / 384 blocks at two 8-warp blocks an SM, 19.5 / 19.9 us
+    // against 16.8 / 16.9 with 4 warps; 11008 x 4096, 192 / 256 blocks, keeps 8: 25.4 / 25.5
+    // against 26.8 / 28.0)
+    static std::atomic<int> fit8[64];  // this instance's 8-warp blocks an SM, per device
+    if (nwarps == 8 &&
+        mb * nb > (int64_t)num_sms * occupancy_blocks(kernel, 256, smem_for(8), fit8))
+      nwarps = 4;
   }
   if (nwarps < 1 || nwarps > 8 || (nwarps & (nwarps - 1))) return cudaErrorInvalidValue;
-  constexpr int kAcc = MT * NT * 16;
-  const size_t ring = (size_t)nwarps * S * NT * kTileBytes;
-  const size_t tree = sizeof(float) * (nwarps / 2) * kAcc * 32;
-  const size_t smem = ring > tree ? ring : tree;
-  auto kernel = fused_gemm_nt_kernel<T, MT, NT, S, PF>;
+  const size_t smem = smem_for(nwarps);
   if (smem > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1080,6 +1114,37 @@ WgmmaRsPlan wgmma_rs_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, i
   return p;
 }
 
+// The one place that decides which kernel gemm_fused runs for a shape: launch_fused_typed
+// launches it, gemm_fused_route names it and gemm_fused_workspace_floats sizes its workspace.
+// The measurements behind each rule are in launch_fused_typed.
+enum class FusedKernel {
+  kGroupHalf,   // group scales, M <= 8: fused_gemm without the zero half of the A fragments
+  kGroup,       // group scales: fused_gemm, one m16 tile a block
+  kDecode,      // M <= 8: the decode kernel, one n tile a step
+  kDecodeWide,  // M 9-16 where the grid has >= 4 blocks an SM: two n tiles a step, 4 warps
+  kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
+  kGemm,        // M 9-16 in between: fused_gemm
+  kWgmmaRs,     // Hopper, M 65-128 (wgmma_rs_plan)
+  kGemmNt,      // M 17-128 otherwise: one m16 tile and two n tiles a warp step
+};
+struct FusedRoute {
+  FusedKernel kernel;
+  WgmmaRsPlan wg;  // for kWgmmaRs
+};
+FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
+  if (group_size) return {m <= 8 ? FusedKernel::kGroupHalf : FusedKernel::kGroup, {}};
+  if (m <= 8) return {FusedKernel::kDecode, {}};
+  if (m <= 16) {
+    const int64_t tiles = (n + kTileN - 1) / kTileN;
+    if (tiles >= 4 * (int64_t)num_sms) return {FusedKernel::kDecodeWide, {}};
+    if (tiles <= num_sms) return {FusedKernel::kDecodeNt2, {}};
+    return {FusedKernel::kGemm, {}};
+  }
+  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
+  if (plan.bnx) return {FusedKernel::kWgmmaRs, plan};
+  return {FusedKernel::kGemmNt, {}};
+}
+
 template <typename T, int BNX>
 cudaError_t launch_wgmma_rs(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                             const void* bias, void* y, int64_t m, int64_t n, int64_t k,
@@ -1114,42 +1179,46 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                int64_t n, int64_t k, int64_t group_size, bool per_tensor,
                                int num_sms, float* workspace, cudaStream_t stream) {
   // x rows arrive padded to whole tiles (ops.cpp), so k here is a multiple of 64.
-  if (group_size) {  // one m16 tile per block: the per-tile group partials need the registers
-    if (m <= 8)
+  FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+  // a split without its workspace (a caller that passed none) takes the unsplit M 17-128 kernel
+  if (r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 && workspace == nullptr)
+    r.kernel = FusedKernel::kGemmNt;
+  switch (r.kernel) {
+    // group scales: one m16 tile per block, the per-tile group partials need the registers
+    case FusedKernel::kGroupHalf:
       return launch_fused<T, 1, 8, true, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                group_size, per_tensor, num_sms, stream);
-    return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                       per_tensor, num_sms, stream);
-  }
-  // bench/kernel_lab.cu on the H200 (bench/NOTES.md): the decode kernel with one n tile a
-  // step wins at M <= 8 on every shape, with a 4-tile ring (fourth session: 14.2 against
-  // 14.5 us on 4096 x 22016, 5.5 against 5.8 on 4096 x 4096). At M <= 16 it wins where the
-  // grid is one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a step
-  // and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between its
-  // 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
-  // fused_gemm_kernel keeps that range. A 4-tile ring beats 8 at M = 16 too (fourth session:
-  // 17.4 against 18.3 us on 4096 x 22016, 11.3 against 12.2 on 11008 x 4096).
-  if (m <= 8)
-    return launch_decode<T, 4, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                     num_sms, stream);
-  if (m <= 16) {
-    const int64_t tiles = (n + kTileN - 1) / kTileN;
-    if (tiles >= 4 * (int64_t)num_sms)
+    case FusedKernel::kGroup:
+      return launch_fused<T, 1, 8, true>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+                                         per_tensor, num_sms, stream);
+    // bench/kernel_lab.cu on the H200 (bench/NOTES.md): the decode kernel with one n tile a
+    // step wins at M <= 8 on every shape, with a 4-tile ring (fourth session: 14.2 against
+    // 14.5 us on 4096 x 22016, 5.5 against 5.8 on 4096 x 4096). At M <= 16 it wins where the
+    // grid is one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a
+    // step and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between
+    // its 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
+    // fused_gemm_kernel keeps that range. A 4-tile ring beats 8 at M = 16 too (fourth
+    // session: 17.4 against 18.3 us on 4096 x 22016, 11.3 against 12.2 on 11008 x 4096).
+    case FusedKernel::kDecode:
+      return launch_decode<T, 4, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                       num_sms, stream);
+    case FusedKernel::kDecodeWide:
       return launch_decode<T, 4, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream, 4);
-    if (tiles <= num_sms)
+    case FusedKernel::kDecodeNt2:
       return launch_decode<T, 4, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                        num_sms, stream);
-    return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                        per_tensor, num_sms, stream);
-  }
-  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
-  if (plan.bnx && (plan.splits == 1 || workspace != nullptr)) {
-    if (plan.bnx == 64)
-      return launch_wgmma_rs<T, 64>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                    plan.splits, workspace, stream);
-    return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                   plan.splits, workspace, stream);
+    case FusedKernel::kGemm:
+      return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
+                                          per_tensor, num_sms, stream);
+    case FusedKernel::kWgmmaRs:
+      if (r.wg.bnx == 64)
+        return launch_wgmma_rs<T, 64>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                      r.wg.splits, workspace, stream);
+      return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                     r.wg.splits, workspace, stream);
+    case FusedKernel::kGemmNt:
+      break;
   }
   // M 17-128: one m16 tile and two n tiles a warp step (fourth session, lab: on 4096 x 22016
   // 29.8 / 49.3 / 87.8 us at M = 32 / 64 / 128 against fused_gemm_kernel MT=2's
@@ -1297,19 +1366,22 @@ cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_
 int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t group_size,
                                     int num_sms) {
   if (m == 0 || n == 0) return 0;
-  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
-  return plan.bnx && plan.splits > 1 ? plan.splits * m * n : 0;
+  const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+  return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
 }
 
 const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
-  if (group_size) return m <= 8 ? "fused_gemm_half" : "fused_gemm";
-  if (m <= 8) return "decode";
-  if (m <= 16) {
-    const int64_t tiles = (n + kTileN - 1) / kTileN;
-    return tiles >= 4 * (int64_t)num_sms || tiles <= num_sms ? "decode" : "fused_gemm";
+  const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+  switch (r.kernel) {
+    case FusedKernel::kGroupHalf: return "fused_gemm_half";
+    case FusedKernel::kGroup:
+    case FusedKernel::kGemm: return "fused_gemm";
+    case FusedKernel::kDecode:
+    case FusedKernel::kDecodeWide:
+    case FusedKernel::kDecodeNt2: return "decode";
+    case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
+    case FusedKernel::kGemmNt: break;
   }
-  const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
-  if (plan.bnx) return plan.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
   return "fused_gemm_nt";
 }
 
