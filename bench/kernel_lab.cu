@@ -272,6 +272,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{4096, 22016}, {11008, 4096}, {4096, 4096}};
   std::vector<int64_t> ms = {1, 4, 8, 16};
   std::string only, json;
+  std::vector<std::string> pick;  // --pick a b c: time only variants whose names start so
   int reps = 3;
   bool dequant = false;
   for (int i = 1; i < argc; ++i) {
@@ -291,6 +292,8 @@ int main(int argc, char** argv) {
       ms = parse_ints(i, argc, argv);
     } else if (a == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (a == "--pick") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') pick.push_back(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--dequant") {
@@ -353,6 +356,10 @@ int main(int argc, char** argv) {
     }
     for (const auto& v : vars) {
       if (!only.empty() && v.name != only) continue;
+      if (!pick.empty() && std::none_of(pick.begin(), pick.end(), [&](const std::string& p) {
+            return v.name.rfind(p, 0) == 0;
+          }))
+        continue;
       std::printf("%-32s", v.name.c_str());
       for (size_t mi = 0; mi < ms.size(); ++mi) {
         const int64_t m = ms[mi];

@@ -3,7 +3,7 @@
 # CUDA, no torch) for the H200, sm_90a. Here, with any CUDA >= 12.4 nvcc (NVCC=... to choose);
 # the binary links the CUDA runtime statically, so it runs on the device machine as it is:
 #   bash bench/kernel_lab.sh, then in a device call carrying bench/kernel_lab:
-#   bench/kernel_lab --shapes 4096x22016 11008x4096 --m 1 4 16 [--dequant] [--json F]
+#   bench/kernel_lab --shapes 4096x22016 11008x4096 --m 1 4 16 [--pick PREFIX...] [--dequant] [--json F]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || true)}
