@@ -183,6 +183,19 @@ template <int N, typename A> __device__ __forceinline__ float (&flat(A& a))[N] {
   static_assert(sizeof(A) == N * sizeof(float), "flat: size mismatch");
   return reinterpret_cast<float(&)[N]>(a);
 }
+// Issues k tile kt of a warp's NT weight tiles into slot `slot` of its cp.async ring (NT x 32
+// lanes of uint4 a slot); a kt past the end issues nothing but still commits a group, so the
+// group count stays the step count the waits rely on.
+template <int NT>
+__device__ __forceinline__ void ring_issue(uint4* ring, int slot, const uint4* const (&wt)[NT],
+                                           int kt, int kt_count) {
+  if (kt < kt_count) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) cp_async16(ring + (slot * NT + j) * 32, wt[j] + (int64_t)kt * 32);
+  }
+  cp_async_commit();
+}
+
 // zeroes every float of a register array of any shape
 template <typename A> __device__ __forceinline__ void zero(A& a) {
   constexpr int kN = sizeof(A) / sizeof(float);
@@ -297,18 +310,12 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
   // Each warp streams its tiles through a private ring of S 512-byte slots in shared memory,
   // S-1 tiles in flight while one is decoded (v4 kept 2 in registers: 18 us at 4096x22016,
   // latency-bound by ncu: 8.6 cycles per issued instruction, DRAM 16 % busy).
-  const uint4* wt = w + (int64_t)nt * kt_count * 32 + lane;
+  const uint4* const wt[1] = {w + (int64_t)nt * kt_count * 32 + lane};
   uint4* ring = reinterpret_cast<uint4*>(red + red_floats) + warp * S * 32 + lane;
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const int kt = warp + s * nwarps;
-    if (kt < kt_count) cp_async16(ring + s * 32, wt + (int64_t)kt * 32);
-    cp_async_commit();
-  }
+  for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
-    const int kt_next = kt + (S - 1) * nwarps;
-    if (kt_next < kt_count) cp_async16(ring + ((i + S - 1) % S) * 32, wt + (int64_t)kt_next * 32);
-    cp_async_commit();
+    ring_issue(ring, (i + S - 1) % S, wt, kt + (S - 1) * nwarps, kt_count);
     cp_async_wait<S - 1>();
     const uint4 q = ring[(i % S) * 32];
     fused_tile<T, MT, GROUP, HALF>(q, kt, nt, t, xrow, MT == 1 ? hi_rows : true, n, scale,
@@ -407,14 +414,7 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
     wt[j] = w + (int64_t)min(nt0 + j, nt_count - 1) * kt_count * 32 + lane;
   uint4* ring = reinterpret_cast<uint4*>(red) + warp * S * NT * 32 + lane;
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const int kt = warp + s * nwarps;
-    if (kt < kt_count) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) cp_async16(ring + (s * NT + j) * 32, wt[j] + (int64_t)kt * 32);
-    }
-    cp_async_commit();
-  }
+  for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
 
   float acc[MT][NT][4][4], corr[MT][4];
   zero(acc);
@@ -428,13 +428,7 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
         load_x16(xa[a][h], warp < kt_count ? xrow[a][h] : nullptr, warp * kTileK + t * 16);
   }
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
-    const int kt_next = kt + (S - 1) * nwarps;
-    if (kt_next < kt_count) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        cp_async16(ring + (((i + S - 1) % S) * NT + j) * 32, wt[j] + (int64_t)kt_next * 32);
-    }
-    cp_async_commit();
+    ring_issue(ring, (i + S - 1) % S, wt, kt + (S - 1) * nwarps, kt_count);
     uint32_t xn[PF ? MT : 1][2][8];
     if (PF) {
       const int kx = kt + nwarps;
@@ -627,14 +621,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   uint4* ring = reinterpret_cast<uint4*>(red + (nwarps >> 1) * kAcc * 32) + warp * S * NT * 32 +
                 lane;
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
-    const int kt = warp + s * nwarps;
-    if (kt < kt_count) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j) cp_async16(ring + (s * NT + j) * 32, wt[j] + (int64_t)kt * 32);
-    }
-    cp_async_commit();
-  }
+  for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
 
   const uint4* xrow[NB];
 #pragma unroll
@@ -652,13 +639,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
 
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
-    const int kt_next = kt + (S - 1) * nwarps;
-    if (kt_next < kt_count) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-        cp_async16(ring + (((i + S - 1) % S) * NT + j) * 32, wt[j] + (int64_t)kt_next * 32);
-    }
-    cp_async_commit();
+    ring_issue(ring, (i + S - 1) % S, wt, kt + (S - 1) * nwarps, kt_count);
     // the next step's x, in flight while this one decodes
     uint32_t xn[NB][8];
     const int kx = kt + nwarps;
