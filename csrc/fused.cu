@@ -513,8 +513,6 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
       }
 }
 
-// Warps a block as launch_fused picks them (up to 8, while the grid has fewer than 16 an SM
-// and every warp keeps at least S tiles); nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
 // Blocks of `threads` threads and `smem` dynamic shared bytes that fit an SM of the current
 // device, cached in the caller's per-device array (the first call asks the runtime; no launch,
 // so it is safe during graph capture); 1 when the runtime cannot say.
@@ -538,6 +536,9 @@ int occupancy_blocks(K kernel, int threads, size_t smem, std::atomic<int> (&cach
   return v;
 }
 
+// Warps a block as launch_fused picks them (up to 8, while the grid has fewer than 16 an SM,
+// every warp keeps at least S tiles and, for 8, the grid fits one wave); nwarps > 0 overrides
+// it (bench/kernel_lab.cu sweeps it).
 template <typename T, int MT, int NT, int S, bool PF>
 cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
