@@ -71,8 +71,7 @@ def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) ->
     # Python 3.12) a c10::Error thrown inside this pybind11 function killed the interpreter
     # with a segmentation fault instead of raising (sixth session).
     sizes = {"m": m, "n": n, "k": k, "group_size": group_size, "device": device}
-    bad = {name: v for name, v in sizes.items() if not isinstance(v, int) or v < 0}
-    if bad:
+    if any(not isinstance(v, int) or v < 0 for v in sizes.values()):
         raise ValueError(
             "fused_route takes m, n, k, group_size >= 0 and a device index; got "
             + " ".join(f"{name}={v!r}" for name, v in sizes.items())
