@@ -358,9 +358,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // The kernel ternary::gemm_fused picks for x [m, k] and n outputs on that CUDA device.
   m.def("fused_route", [](int64_t m, int64_t n, int64_t k, int64_t group_size, int64_t device) {
-    TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0,
-                "fused_route takes m, n, k, group_size >= 0 and a device index; got m=", m,
-                " n=", n, " k=", k, " group_size=", group_size, " device=", device);
+    const int64_t devices = c10::cuda::device_count();
+    TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0 && device < devices,
+                ternary::msg("fused_route takes m, n, k, group_size >= 0 and a device index below ",
+                             devices, "; got m=", m, " n=", n, " k=", k, " group_size=",
+                             group_size, " device=", device));
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
     return std::string(

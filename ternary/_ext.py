@@ -67,13 +67,4 @@ def build_info() -> dict[str, object] | None:
 def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> str:
     """The CUDA kernel ternary::gemm_fused picks for x [m, k] and n outputs on `device`
     ("decode", "fused_gemm", "fused_gemm_nt", "wgmma_rs", ...). Needs ternary._C."""
-    # Checked here, not only by the C++ TORCH_CHECK: on the H200 machine (torch 2.11+cu130,
-    # Python 3.12) a c10::Error thrown inside this pybind11 function killed the interpreter
-    # with a segmentation fault instead of raising (sixth session).
-    sizes = {"m": m, "n": n, "k": k, "group_size": group_size, "device": device}
-    if any(not isinstance(v, int) or v < 0 for v in sizes.values()):
-        raise ValueError(
-            "fused_route takes m, n, k, group_size >= 0 and a device index; got "
-            + " ".join(f"{name}={v!r}" for name, v in sizes.items())
-        )
     return str(require().fused_route(m, n, k, group_size, device))  # type: ignore[attr-defined]
