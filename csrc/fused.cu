@@ -21,6 +21,8 @@
 // without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
 // 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
 #include <atomic>
+#include <type_traits>
+#include <cuda.h>  // CUtensorMap (the type only: the encoder comes from the runtime)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -829,6 +831,10 @@ template <typename T, int N> struct WgmmaRS;
 #define TERNARY_WG_D128_TAIL "{%64, %65, %66, %67}, %68"
 #define TERNARY_WG_D128_PRED "%69"
 #define TERNARY_WG_D128_OUTS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define TERNARY_WG_D256_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define TERNARY_WG_D256_TAIL "{%128, %129, %130, %131}, %132"
+#define TERNARY_WG_D256_PRED "%133"
+#define TERNARY_WG_D256_OUTS "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 #define TERNARY_WGMMA_RS(TYPE, PTX, N)                                                          \
   template <> struct WgmmaRS<TYPE, N> {                                                       \
     static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4],     \
@@ -844,7 +850,33 @@ TERNARY_WGMMA_RS(__nv_bfloat16, "bf16", 64)
 TERNARY_WGMMA_RS(__nv_bfloat16, "bf16", 128)
 TERNARY_WGMMA_RS(__half, "f16", 64)
 TERNARY_WGMMA_RS(__half, "f16", 128)
+TERNARY_WGMMA_RS(__nv_bfloat16, "bf16", 256)
+TERNARY_WGMMA_RS(__half, "f16", 256)
 #undef TERNARY_WGMMA_RS
+
+// mbarrier ring of the large-M kernel (producer -> consumers "full", consumers -> producer
+// "empty"); a stage's phase parity flips each time the ring comes round
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// arrives once every cp.async this thread issued before it has landed
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nLAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// 4 bytes global -> shared without registers; bytes 0 reads nothing and writes zeros
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
 
 #endif
 
@@ -1009,6 +1041,328 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
       }
   }
 #endif
+}
+
+// M > 128 on Hopper (sm_90a): fused_wgmma_rs2_kernel's decode and wgmma (weights as A from
+// registers, x as B from shared memory) with BNX up to 256 tokens a block, so a decoded A
+// fragment feeds m64n256k16 (4x the tensor work of the M <= 128 kernel's m64n64) and the
+// decode is a small part of a k tile. Warp-specialized:
+// - warpgroups 0 and 1 (consumers, 64 channels each) wait for an x stage, issue the wgmma,
+//   release the stage they finished with, decode the next A and cp.async their own raw
+//   weight pieces (an 8-deep ring, as in the M <= 128 kernel);
+// - warpgroup 2 (producer) copies x tiles into an S-stage ring with 4-byte cp.async, one row
+//   a warp instruction: lane L writes logical word L of the row from physical word
+//   8 (L % 4) + 2 (L / 8) + (L / 4) % 2, the k order the decode implies (see above), into
+//   the 128-byte swizzled K-major layout. cp.async.mbarrier.arrive tells the consumers.
+// setmaxnreg moves registers from the producer (40) to the consumers (232): a consumer holds
+// BNX / 2 fp32 accumulators and two k tiles of A.
+// MODE: 0 as above; 1 x in its own k order (16-byte cp.async, 4 rows a warp instruction)
+// and each consumer thread gathers the weight words of the natural-order A fragment (two
+// words of each of the 4 lanes of its quad) with 4-byte cp.async; +16: the producer waits for
+// its copies (one tile behind), fences and arrives, so the consumers need no proxy fence.
+// Timing ablations (wrong results): +2 the producer copies nothing, +4 no epilogue stores,
+// +8 no proxy fence at all. +32: x in its own k order as +1, but each consumer thread loads its
+// own lane's 16 bytes and the quad exchanges words (3 shuffles a k tile). +64 (with +32): one
+// producer thread moves x by TMA (cp.async.bulk.tensor, the 128-byte swizzle done by the copy
+// engine; the mbarrier counts its bytes).
+template <typename T, int BNX, int S, int MODE = 0>
+__global__ void __launch_bounds__(384, 1)
+fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
+                       const float* __restrict__ scale, const T* __restrict__ bias,
+                       T* __restrict__ y, int m, int n, int kt_count, int nt_count,
+                       bool per_tensor, const __grid_constant__ CUtensorMap tmap) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(S >= 2 && (BNX == 128 || BNX == 256), "ring and tile");
+  constexpr bool kTma = (MODE & 64) != 0, kNatX = (MODE & (1 | 32 | 64)) != 0;
+  static_assert(!kTma || (MODE & 32), "TMA moves x in its own k order: decode with +32");
+  constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base = (sraw + 1023) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - sraw);
+  const uint32_t raw0 = base + S * kX, bar0 = raw0 + kRR * kC * ((MODE & 1) ? 32 : 16);
+  auto full = [&](int st) { return bar0 + 8u * st; };
+  auto empty = [&](int st) { return bar0 + 8u * (S + st); };
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int m0 = blockIdx.x * BNX;
+  if (tid == 0) {
+    for (int st = 0; st < S; ++st) {
+      mbar_init(full(st), kTma ? 1 : 128);
+      mbar_init(empty(st), kC);
+    }
+  }
+  __syncthreads();
+
+  if (wg == 2) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+    if constexpr (kTma) {
+      if (tid != kC) return;
+      for (int kt = 0; kt < kt_count; ++kt) {
+        if (kt >= S) mbar_wait(empty(kt % S), ((kt / S) + 1) & 1);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full(kt % S)),
+                     "r"(kX) : "memory");
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + (kt % S) * kX),
+            "l"(reinterpret_cast<uint64_t>(&tmap)), "r"(kt * kTileK), "r"(m0), "r"(full(kt % S))
+            : "memory");
+      }
+      return;
+    }
+    constexpr bool kNatural = kNatX, kCopy = (MODE & 2) == 0;
+    const int word = 8 * (lane & 3) + 2 * (lane >> 3) + ((lane >> 2) & 1);
+    const T* src = x + (int64_t)m0 * ldx + (kNatural ? 8 * (lane & 7) : 2 * word);
+    const uint32_t off = kNatural ? 0u : (uint32_t)(lane & 3) * 4;
+    const int chunk = kNatural ? lane & 7 : lane >> 2;
+    for (int kt = 0; kt < kt_count; ++kt) {
+      // stage kt % S last held tile kt - S: its release is that stage's (kt / S - 1)-th phase
+      if (kt >= S) mbar_wait(empty(kt % S), ((kt / S) + 1) & 1);
+      const uint32_t stage = base + (kt % S) * kX;
+      if constexpr (kCopy && kNatural) {
+#pragma unroll 4
+        for (int i = 0; i < BNX / 16; ++i) {
+          const int r = 16 * i + 4 * warp + (lane >> 3);
+          const bool in = m0 + r < m;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                       ::"r"(stage + r * 128 + ((chunk ^ (r & 7)) << 4)),
+                       "l"(in ? src + (int64_t)r * ldx + (int64_t)kt * kTileK : x), "r"(in ? 16 : 0)
+                       : "memory");
+        }
+      } else if constexpr (kCopy) {
+#pragma unroll 4
+        for (int i = 0; i < BNX / 4; ++i) {
+          const int r = 4 * i + warp;
+          const bool in = m0 + r < m;
+          cp_async4(stage + r * 128 + ((chunk ^ (r & 7)) << 4) + off,
+                    in ? src + (int64_t)r * ldx + (int64_t)kt * kTileK : x, in ? 4u : 0u);
+        }
+      }
+      if constexpr ((MODE & 16) != 0) {
+        cp_async_commit();
+        if (kt >= 1) {
+          cp_async_wait<1>();  // tile kt - 1 landed (this thread's part)
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          mbar_arrive(full((kt - 1) % S));
+        }
+      } else {
+        mbar_arrive_cp_async(full(kt % S));
+      }
+    }
+    cp_async_wait<0>();
+    if constexpr ((MODE & 16) != 0) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (kt_count >= 1) mbar_arrive(full((kt_count - 1) % S));
+    }
+    return;  // nothing below synchronizes the block
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
+
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.y * 4 + wg * 2 + (warp >> 1);
+  const int flo = 2 * (warp & 1);
+  constexpr bool kNatural = (MODE & 1) != 0;
+  constexpr int kPiece = kNatural ? 32 : 16;  // bytes of raw weight a thread holds a k tile
+  using Raw = std::conditional_t<kNatural, uint4[2], uint4[1]>;
+  const uint4* wt = w + (int64_t)min(tile, nt_count - 1) * kt_count * 32 + (kNatural ? 4 * g : lane);
+  auto rawload = [&](int kt) {
+    if (kt < kt_count) {
+      const uint32_t dst = raw0 + ((kt % kRR) * kC + tid) * kPiece;
+      if constexpr (kNatural) {
+        // step s's A: words t / 2 and 2 + t / 2 of lane (g, s)'s piece
+        const uint32_t* piece = reinterpret_cast<const uint32_t*>(wt + (int64_t)kt * 32);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          cp_async4(dst + 8 * s, piece + 4 * s + (t >> 1), 4);
+          cp_async4(dst + 8 * s + 4, piece + 4 * s + 2 + (t >> 1), 4);
+        }
+      } else {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(wt + (int64_t)kt * 32));
+      }
+    }
+    cp_async_commit();
+  };
+  auto rawread = [&](int kt, Raw& r) {  // this thread's own piece, after its group wait
+#pragma unroll
+    for (int i = 0; i < kPiece / 16; ++i)
+      r[i] = kt < kt_count
+                 ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % kRR) * kC + tid) * kPiece + 16 * i)
+                 : make_uint4(0, 0, 0, 0);
+  };
+  // prmt: bytes flo / 2 and 2 + flo / 2 (channels 8 f + g, f = flo, flo + 1; halves h = 0, 1)
+  // of the k-half-0 word A and the k-half-1 word B, interleaved A B A B
+  const uint32_t fb = flo >> 1, sel = fb | ((4 + fb) << 4) | ((2 + fb) << 8) | ((6 + fb) << 12);
+  auto decode = [&](const Raw& r, uint32_t (&a)[4][4]) {
+    uint32_t wd[4];
+    if constexpr ((MODE & 32) != 0) {
+      // round e: lane t ^ e prepares, from its own words, what lane t needs for step t ^ e
+      const uint32_t* own = reinterpret_cast<const uint32_t*>(&r[0]);
+      uint32_t v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int td = t ^ e;
+        uint32_t p;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p)
+            : "r"((td & 2) ? own[1] : own[0]), "r"((td & 2) ? own[3] : own[2]), "r"(sel));
+        v[e] = e ? __shfl_xor_sync(0xffffffffu, p, e) : p;
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {  // step s came in round s ^ t
+        const uint32_t lo = (t & 1) ? v[s ^ 1] : v[s], hi = (t & 1) ? v[s ^ 3] : v[s ^ 2];
+        wd[s] = ((t & 2) ? hi : lo) >> (2 * (t & 1));
+      }
+    } else if constexpr (kNatural) {
+      const uint32_t* v = reinterpret_cast<const uint32_t*>(&r[0]);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t p;
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p) : "r"(v[2 * s]), "r"(v[2 * s + 1]), "r"(sel));
+        wd[s] = p >> (2 * (t & 1));  // this lane's k pair: u' = t % 2
+      }
+    } else {
+      const uint32_t* v = reinterpret_cast<const uint32_t*>(&r[0]);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) wd[s] = v[s] >> (4 * flo);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // f = flo + (i & 1), u = i >> 1
+        const int sh = kNatX ? 8 * (i >> 1) + 4 * (i & 1) : 4 * (i & 1) + 2 * (i >> 1);
+        a[s][i] = add_x2((T*)nullptr, lop3_and_or(wd[s] >> sh, 0x00030003u, WgDec<T>::kMagic),
+                         WgDec<T>::kSub);
+      }
+  };
+  auto pin = [](uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+  };
+  float d[BNX / 2];
+  zero(d);
+  uint32_t a[2][4][4];
+  Raw q[2];
+#pragma unroll
+  for (int p = 0; p < kRR - 2; ++p) rawload(p);
+  cp_async_wait<kRR - 3>();
+  rawread(0, q[0]);
+  decode(q[0], a[0]);
+  cp_async_wait<kRR - 4>();
+  rawread(1, q[1]);
+  auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const Raw& qcur,
+                  Raw& qnext) {
+    mbar_wait(full(kt % S), (kt / S) & 1);
+    // the producer's cp.async wrote through the generic proxy; wgmma reads through the async one
+    if constexpr ((MODE & 24) == 0 && !kTma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // wgmma(kt - 1) done
+    if (kt >= 1) mbar_arrive(empty((kt - 1) % S));
+    pin(anext);
+    decode(qcur, anext);
+    pin(acur);
+#pragma unroll
+    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
+    rawread(kt + 2, qnext);
+    rawload(kt + kRR - 2);
+  };
+  for (int kt = 0; kt < kt_count; kt += 2) {
+    step(kt, a[0], a[1], q[1], q[0]);
+    if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
+  }
+  cp_async_wait<0>();
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  pin(a[0]);
+  pin(a[1]);
+#pragma unroll
+  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  const int ch0 = blockIdx.y * 128 + wg * 64 + 16 * warp + g;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int col = ch0 + 8 * hi;
+    if (col >= n) continue;
+    const float sc = per_tensor ? scale[0] : scale[col];
+    const float b = bias ? to_float(bias[col]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < BNX / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = m0 + 8 * j + 2 * t + e;
+        const float v = d[4 * j + 2 * hi + e] * sc + b;
+        if (row < m && ((MODE & 4) == 0 || v == 1234.5f)) y[(int64_t)row * n + col] = from_float<T>(v);
+      }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime (no link to libcuda), looked up once
+using TensorMapEncode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                     const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                     const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+TensorMapEncode tensor_map_encoder() {
+  static std::atomic<TensorMapEncode> fn{nullptr};
+  TensorMapEncode f = fn.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                           cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    f = reinterpret_cast<TensorMapEncode>(p);
+    fn.store(f, std::memory_order_release);
+  }
+  return f;
+}
+
+// x [m, k] (row stride ldx) as k-by-rows boxes of 64 x rows, 128-byte swizzled; rows past m
+// read as zeros
+template <typename T>
+bool x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int64_t m, int64_t k, int rows) {
+  const TensorMapEncode encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)m};
+  const cuuint64_t strides[1] = {(cuuint64_t)ldx * sizeof(T)};
+  const cuuint32_t box[2] = {(cuuint32_t)kTileK, (cuuint32_t)rows}, step[2] = {1, 1};
+  return encode(map, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2, const_cast<void*>(x), dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int BNX, int S, int MODE = 0>
+cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
+                             const float* scale, const void* bias, void* y, int64_t m, int64_t n,
+                             int64_t k, bool per_tensor, cudaStream_t stream) {
+  if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * ((MODE & 1) ? 32 : 16) + 2 * S * 8 + 1024;
+  auto kernel = fused_wgmma_big_kernel<T, BNX, S, MODE>;
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return attr;
+  const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128;
+  if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  CUtensorMap map{};
+  if ((MODE & 64) && !x_tensor_map<T>(&map, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
+  kernel<<<dim3((unsigned)mb, (unsigned)nb), 384, kSmem, stream>>>(
+      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+      (int)m, (int)n, (int)(k / kTileK), (int)((n + kTileN - 1) / kTileN), per_tensor, map);
+  return cudaGetLastError();
 }
 
 // y = the sum of the split-K parts (in split order) + bias
