@@ -91,26 +91,8 @@ std::vector<Variant> variants() {
   };
   v.push_back({"wgbig-256-s4", 1 << 20, big(launch_wgmma_big<bf16, 256, 4>)});
   v.push_back({"wgbig-256-s5", 1 << 20, big(launch_wgmma_big<bf16, 256, 5>)});
-  v.push_back({"wgbig-128-s6", 1 << 20, big(launch_wgmma_big<bf16, 128, 6>)});
+  v.push_back({"wgbig-256-s6", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>)});
   v.push_back({"wgbig-128-s8", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>)});
-  v.push_back({"wgbig-256-s4-nat", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 1>)});
-  v.push_back({"wgbig-256-s5-nat", 1 << 20, big(launch_wgmma_big<bf16, 256, 5, 1>)});
-  v.push_back({"wgbig-128-s6-nat", 1 << 20, big(launch_wgmma_big<bf16, 128, 6, 1>)});
-  v.push_back({"wgbig-128-s8-nat", 1 << 20, big(launch_wgmma_big<bf16, 128, 8, 1>)});
-  v.push_back({"wgbig-256-s4-natpf", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 17>)});
-  v.push_back({"wgbig-256-s5-natpf", 1 << 20, big(launch_wgmma_big<bf16, 256, 5, 17>)});
-  v.push_back({"wgbig-128-s8-natpf", 1 << 20, big(launch_wgmma_big<bf16, 128, 8, 17>)});
-  v.push_back({"wgbig-256-s4-shfl", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 32>)});
-  v.push_back({"wgbig-256-s4-tma", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 96>)});
-  v.push_back({"wgbig-256-s5-tma", 1 << 20, big(launch_wgmma_big<bf16, 256, 5, 96>)});
-  v.push_back({"wgbig-256-s6-tma", 1 << 20, big(launch_wgmma_big<bf16, 256, 6, 96>)});
-  v.push_back({"wgbig-128-s8-tma", 1 << 20, big(launch_wgmma_big<bf16, 128, 8, 96>)});
-  v.push_back({"abl-wgbig-256-s4-shfl-nocopy", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 34>)});
-  v.push_back({"abl-wgbig-256-s4-nocopy", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 2>)});
-  v.push_back({"abl-wgbig-256-s4-nat-nocopy", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 3>)});
-  v.push_back({"abl-wgbig-256-s4-nat-noepi", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 5>)});
-  v.push_back({"abl-wgbig-256-s4-nat-nofence", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 9>)});
-  v.push_back({"abl-wgbig-256-s4-nat-nocopy-nofence", 1 << 20, big(launch_wgmma_big<bf16, 256, 4, 11>)});
   v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
                                        int64_t m, int64_t n, int64_t k, int sms,
                                        cudaStream_t st) {

@@ -862,22 +862,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// arrives once every cp.async this thread issued before it has landed
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred P1;\nLAB_WAIT:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
       "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
-// 4 bytes global -> shared without registers; bytes 0 reads nothing and writes zeros
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-}
-
 #endif
 
 template <typename T, int BNX, int NWG, int S>
@@ -1043,51 +1033,42 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 #endif
 }
 
-// M > 128 on Hopper (sm_90a): fused_wgmma_rs2_kernel's decode and wgmma (weights as A from
-// registers, x as B from shared memory) with BNX up to 256 tokens a block, so a decoded A
-// fragment feeds m64n256k16 (4x the tensor work of the M <= 128 kernel's m64n64) and the
-// decode is a small part of a k tile. Warp-specialized:
-// - warpgroups 0 and 1 (consumers, 64 channels each) wait for an x stage, issue the wgmma,
-//   release the stage they finished with, decode the next A and cp.async their own raw
-//   weight pieces (an 8-deep ring, as in the M <= 128 kernel);
-// - warpgroup 2 (producer) copies x tiles into an S-stage ring with 4-byte cp.async, one row
-//   a warp instruction: lane L writes logical word L of the row from physical word
-//   8 (L % 4) + 2 (L / 8) + (L / 4) % 2, the k order the decode implies (see above), into
-//   the 128-byte swizzled K-major layout. cp.async.mbarrier.arrive tells the consumers.
-// setmaxnreg moves registers from the producer (40) to the consumers (232): a consumer holds
-// BNX / 2 fp32 accumulators and two k tiles of A.
-// MODE: 0 as above; 1 x in its own k order (16-byte cp.async, 4 rows a warp instruction)
-// and each consumer thread gathers the weight words of the natural-order A fragment (two
-// words of each of the 4 lanes of its quad) with 4-byte cp.async; +16: the producer waits for
-// its copies (one tile behind), fences and arrives, so the consumers need no proxy fence.
-// Timing ablations (wrong results): +2 the producer copies nothing, +4 no epilogue stores,
-// +8 no proxy fence at all. +32: x in its own k order as +1, but each consumer thread loads its
-// own lane's 16 bytes and the quad exchanges words (3 shuffles a k tile). +64 (with +32): one
-// producer thread moves x by TMA (cp.async.bulk.tensor, the 128-byte swizzle done by the copy
-// engine; the mbarrier counts its bytes).
-template <typename T, int BNX, int S, int MODE = 0>
+// M > 128 on Hopper (sm_90a), where the grid has at least a wave of blocks: the decode and
+// wgmma of fused_wgmma_rs2_kernel (weights as A from registers, x as B from shared memory)
+// with 256 tokens a block, so one decoded A fragment feeds m64n256k16, 4x the tensor work of
+// the M <= 128 kernel's m64n64 (bench/NOTES.md, seventh session). Warp-specialized, no block
+// barrier in the loop:
+// - warpgroup 2, one thread: moves each 64-wide k tile of x by TMA into an S-stage ring (the
+//   copy engine writes the 128-byte swizzle wgmma reads); the "full" mbarrier counts bytes,
+//   rows past m arrive as zeros.
+// - warpgroups 0 and 1, 64 channels each: wait for a stage, issue the wgmma, release the
+//   stage they finished with ("empty", after wgmma(kt - 1) retired), decode the next A.
+// x arrives in its own k order here, so the A fragment must too: lane (g, t) needs, for k16
+// step s, words t / 2 and 2 + t / 2 of lane (g, s)'s 16 bytes (the tile layout above holds
+// physical k = 16 t + 4 s' + 2 u' + h in word s' of lane t). Each lane cp.asyncs its own 16
+// bytes (8-deep ring); in round e, lane t ^ e picks for lane t the two words and with one prmt
+// the bytes of this warp's channels, and a shuffle hands them over (3 a k tile).
+// setmaxnreg gives the consumers 232 registers (128 fp32 accumulators, two k tiles of A).
+template <typename T, int BNX, int S>
 __global__ void __launch_bounds__(384, 1)
-fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
-                       const float* __restrict__ scale, const T* __restrict__ bias,
-                       T* __restrict__ y, int m, int n, int kt_count, int nt_count,
-                       bool per_tensor, const __grid_constant__ CUtensorMap tmap) {
+fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
+                       const T* __restrict__ bias, T* __restrict__ y, int m, int n, int kt_count,
+                       int nt_count, bool per_tensor, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(S >= 2 && (BNX == 128 || BNX == 256), "ring and tile");
-  constexpr bool kTma = (MODE & 64) != 0, kNatX = (MODE & (1 | 32 | 64)) != 0;
-  static_assert(!kTma || (MODE & 32), "TMA moves x in its own k order: decode with +32");
+  static_assert(S >= 3 && (BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t base = (sraw + 1023) & ~1023u;
+  const uint32_t base = (sraw + 1023) & ~1023u;  // the 128-byte swizzle repeats every 1024
   uint8_t* const sbase = smem_raw + (base - sraw);
-  const uint32_t raw0 = base + S * kX, bar0 = raw0 + kRR * kC * ((MODE & 1) ? 32 : 16);
+  const uint32_t raw0 = base + S * kX, bar0 = raw0 + kRR * kC * 16;
   auto full = [&](int st) { return bar0 + 8u * st; };
   auto empty = [&](int st) { return bar0 + 8u * (S + st); };
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int m0 = blockIdx.x * BNX;
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
-      mbar_init(full(st), kTma ? 1 : 128);
+      mbar_init(full(st), 1);
       mbar_init(empty(st), kC);
     }
   }
@@ -1095,63 +1076,17 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 
   if (wg == 2) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-    if constexpr (kTma) {
-      if (tid != kC) return;
-      for (int kt = 0; kt < kt_count; ++kt) {
-        if (kt >= S) mbar_wait(empty(kt % S), ((kt / S) + 1) & 1);
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full(kt % S)),
-                     "r"(kX) : "memory");
-        asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-            " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + (kt % S) * kX),
-            "l"(reinterpret_cast<uint64_t>(&tmap)), "r"(kt * kTileK), "r"(m0), "r"(full(kt % S))
-            : "memory");
-      }
-      return;
-    }
-    constexpr bool kNatural = kNatX, kCopy = (MODE & 2) == 0;
-    const int word = 8 * (lane & 3) + 2 * (lane >> 3) + ((lane >> 2) & 1);
-    const T* src = x + (int64_t)m0 * ldx + (kNatural ? 8 * (lane & 7) : 2 * word);
-    const uint32_t off = kNatural ? 0u : (uint32_t)(lane & 3) * 4;
-    const int chunk = kNatural ? lane & 7 : lane >> 2;
+    if (tid != kC) return;
     for (int kt = 0; kt < kt_count; ++kt) {
       // stage kt % S last held tile kt - S: its release is that stage's (kt / S - 1)-th phase
       if (kt >= S) mbar_wait(empty(kt % S), ((kt / S) + 1) & 1);
-      const uint32_t stage = base + (kt % S) * kX;
-      if constexpr (kCopy && kNatural) {
-#pragma unroll 4
-        for (int i = 0; i < BNX / 16; ++i) {
-          const int r = 16 * i + 4 * warp + (lane >> 3);
-          const bool in = m0 + r < m;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                       ::"r"(stage + r * 128 + ((chunk ^ (r & 7)) << 4)),
-                       "l"(in ? src + (int64_t)r * ldx + (int64_t)kt * kTileK : x), "r"(in ? 16 : 0)
-                       : "memory");
-        }
-      } else if constexpr (kCopy) {
-#pragma unroll 4
-        for (int i = 0; i < BNX / 4; ++i) {
-          const int r = 4 * i + warp;
-          const bool in = m0 + r < m;
-          cp_async4(stage + r * 128 + ((chunk ^ (r & 7)) << 4) + off,
-                    in ? src + (int64_t)r * ldx + (int64_t)kt * kTileK : x, in ? 4u : 0u);
-        }
-      }
-      if constexpr ((MODE & 16) != 0) {
-        cp_async_commit();
-        if (kt >= 1) {
-          cp_async_wait<1>();  // tile kt - 1 landed (this thread's part)
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          mbar_arrive(full((kt - 1) % S));
-        }
-      } else {
-        mbar_arrive_cp_async(full(kt % S));
-      }
-    }
-    cp_async_wait<0>();
-    if constexpr ((MODE & 16) != 0) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      if (kt_count >= 1) mbar_arrive(full((kt_count - 1) % S));
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full(kt % S)),
+                   "r"(kX) : "memory");
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+          " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + (kt % S) * kX),
+          "l"(reinterpret_cast<uint64_t>(&xmap)), "r"(kt * kTileK), "r"(m0), "r"(full(kt % S))
+          : "memory");
     }
     return;  // nothing below synchronizes the block
   }
@@ -1159,78 +1094,42 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.y * 4 + wg * 2 + (warp >> 1);
-  const int flo = 2 * (warp & 1);
-  constexpr bool kNatural = (MODE & 1) != 0;
-  constexpr int kPiece = kNatural ? 32 : 16;  // bytes of raw weight a thread holds a k tile
-  using Raw = std::conditional_t<kNatural, uint4[2], uint4[1]>;
-  const uint4* wt = w + (int64_t)min(tile, nt_count - 1) * kt_count * 32 + (kNatural ? 4 * g : lane);
+  const int flo = 2 * (warp & 1);  // this warp's channels 8 f + g, f = flo, flo + 1
+  const uint4* wt = w + (int64_t)min(tile, nt_count - 1) * kt_count * 32 + lane;
   auto rawload = [&](int kt) {
-    if (kt < kt_count) {
-      const uint32_t dst = raw0 + ((kt % kRR) * kC + tid) * kPiece;
-      if constexpr (kNatural) {
-        // step s's A: words t / 2 and 2 + t / 2 of lane (g, s)'s piece
-        const uint32_t* piece = reinterpret_cast<const uint32_t*>(wt + (int64_t)kt * 32);
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          cp_async4(dst + 8 * s, piece + 4 * s + (t >> 1), 4);
-          cp_async4(dst + 8 * s + 4, piece + 4 * s + 2 + (t >> 1), 4);
-        }
-      } else {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(wt + (int64_t)kt * 32));
-      }
-    }
+    if (kt < kt_count)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(raw0 + ((kt % kRR) * kC + tid) * 16),
+                   "l"(wt + (int64_t)kt * 32));
     cp_async_commit();
   };
-  auto rawread = [&](int kt, Raw& r) {  // this thread's own piece, after its group wait
-#pragma unroll
-    for (int i = 0; i < kPiece / 16; ++i)
-      r[i] = kt < kt_count
-                 ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % kRR) * kC + tid) * kPiece + 16 * i)
-                 : make_uint4(0, 0, 0, 0);
+  auto rawread = [&](int kt) {  // this thread's own piece, after its group wait
+    return kt < kt_count ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % kRR) * kC + tid) * 16)
+                         : make_uint4(0, 0, 0, 0);
   };
-  // prmt: bytes flo / 2 and 2 + flo / 2 (channels 8 f + g, f = flo, flo + 1; halves h = 0, 1)
-  // of the k-half-0 word A and the k-half-1 word B, interleaved A B A B
+  // prmt picks bytes flo / 2 (h = 0) and 2 + flo / 2 (h = 1) of the k-half-0 word A and the
+  // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
   const uint32_t fb = flo >> 1, sel = fb | ((4 + fb) << 4) | ((2 + fb) << 8) | ((6 + fb) << 12);
-  auto decode = [&](const Raw& r, uint32_t (&a)[4][4]) {
-    uint32_t wd[4];
-    if constexpr ((MODE & 32) != 0) {
-      // round e: lane t ^ e prepares, from its own words, what lane t needs for step t ^ e
-      const uint32_t* own = reinterpret_cast<const uint32_t*>(&r[0]);
-      uint32_t v[4];
+  auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
+    const uint32_t own[4] = {q.x, q.y, q.z, q.w};
+    uint32_t v[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int td = t ^ e;
-        uint32_t p;
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p)
-            : "r"((td & 2) ? own[1] : own[0]), "r"((td & 2) ? own[3] : own[2]), "r"(sel));
-        v[e] = e ? __shfl_xor_sync(0xffffffffu, p, e) : p;
-      }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {  // step s came in round s ^ t
-        const uint32_t lo = (t & 1) ? v[s ^ 1] : v[s], hi = (t & 1) ? v[s ^ 3] : v[s ^ 2];
-        wd[s] = ((t & 2) ? hi : lo) >> (2 * (t & 1));
-      }
-    } else if constexpr (kNatural) {
-      const uint32_t* v = reinterpret_cast<const uint32_t*>(&r[0]);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t p;
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p) : "r"(v[2 * s]), "r"(v[2 * s + 1]), "r"(sel));
-        wd[s] = p >> (2 * (t & 1));  // this lane's k pair: u' = t % 2
-      }
-    } else {
-      const uint32_t* v = reinterpret_cast<const uint32_t*>(&r[0]);
-#pragma unroll
-      for (int s = 0; s < 4; ++s) wd[s] = v[s] >> (4 * flo);
+    for (int e = 0; e < 4; ++e) {  // round e: lane t ^ e prepares what lane t needs
+      const int td = t ^ e;
+      uint32_t p;
+      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p)
+          : "r"((td & 2) ? own[1] : own[0]), "r"((td & 2) ? own[3] : own[2]), "r"(sel));
+      v[e] = e ? __shfl_xor_sync(0xffffffffu, p, e) : p;
     }
 #pragma unroll
-    for (int s = 0; s < 4; ++s)
+    for (int s = 0; s < 4; ++s) {  // step s came from lane s, in round s ^ t
+      const uint32_t lo = (t & 1) ? v[s ^ 1] : v[s], hi = (t & 1) ? v[s ^ 3] : v[s ^ 2];
+      const uint32_t word = ((t & 2) ? hi : lo) >> (2 * (t & 1));  // u' = t % 2
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {  // f = flo + (i & 1), u = i >> 1
-        const int sh = kNatX ? 8 * (i >> 1) + 4 * (i & 1) : 4 * (i & 1) + 2 * (i >> 1);
-        a[s][i] = add_x2((T*)nullptr, lop3_and_or(wd[s] >> sh, 0x00030003u, WgDec<T>::kMagic),
+      for (int i = 0; i < 4; ++i)  // f = flo + (i & 1), u = i >> 1
+        a[s][i] = add_x2((T*)nullptr,
+                         lop3_and_or(word >> (8 * (i >> 1) + 4 * (i & 1)), 0x00030003u, WgDec<T>::kMagic),
                          WgDec<T>::kSub);
-      }
+    }
   };
   auto pin = [](uint32_t (&a)[4][4]) {
 #pragma unroll
@@ -1241,19 +1140,18 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
   float d[BNX / 2];
   zero(d);
   uint32_t a[2][4][4];
-  Raw q[2];
+  uint4 q[2];
 #pragma unroll
   for (int p = 0; p < kRR - 2; ++p) rawload(p);
   cp_async_wait<kRR - 3>();
-  rawread(0, q[0]);
-  decode(q[0], a[0]);
+  decode(rawread(0), a[0]);
   cp_async_wait<kRR - 4>();
-  rawread(1, q[1]);
-  auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const Raw& qcur,
-                  Raw& qnext) {
+  q[1] = rawread(1);
+  // step kt: wgmma(kt) on stage kt % S and A(kt); after wgmma(kt - 1) retired its stage is
+  // released and A(kt + 1) is decoded from the raw piece read last step
+  auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
+                  uint4& qnext) {
     mbar_wait(full(kt % S), (kt / S) & 1);
-    // the producer's cp.async wrote through the generic proxy; wgmma reads through the async one
-    if constexpr ((MODE & 24) == 0 && !kTma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -1261,7 +1159,7 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
     for (int s = 0; s < 4; ++s)
       WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // wgmma(kt - 1) done
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     if (kt >= 1) mbar_arrive(empty((kt - 1) % S));
     pin(anext);
     decode(qcur, anext);
@@ -1269,7 +1167,7 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 #pragma unroll
     for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
     cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
-    rawread(kt + 2, qnext);
+    qnext = rawread(kt + 2);
     rawload(kt + kRR - 2);
   };
   for (int kt = 0; kt < kt_count; kt += 2) {
@@ -1294,8 +1192,7 @@ fused_wgmma_big_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int row = m0 + 8 * j + 2 * t + e;
-        const float v = d[4 * j + 2 * hi + e] * sc + b;
-        if (row < m && ((MODE & 4) == 0 || v == 1234.5f)) y[(int64_t)row * n + col] = from_float<T>(v);
+        if (row < m) y[(int64_t)row * n + col] = from_float<T>(d[4 * j + 2 * hi + e] * sc + b);
       }
   }
 #endif
@@ -1318,7 +1215,7 @@ TensorMapEncode tensor_map_encoder() {
 #else
     const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q);
 #endif
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
       (void)cudaGetLastError();
       return nullptr;
     }
@@ -1328,8 +1225,8 @@ TensorMapEncode tensor_map_encoder() {
   return f;
 }
 
-// x [m, k] (row stride ldx) as k-by-rows boxes of 64 x rows, 128-byte swizzled; rows past m
-// read as zeros
+// x [m, k] (row stride ldx elements) in boxes of 64 k x `rows` rows, 128-byte swizzled; rows
+// past m read as zeros
 template <typename T>
 bool x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int64_t m, int64_t k, int rows) {
   const TensorMapEncode encode = tensor_map_encoder();
@@ -1344,24 +1241,27 @@ bool x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int64_t m, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T, int BNX, int S, int MODE = 0>
+constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (lab, seventh session)
+
+template <typename T, int BNX, int S>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
                              int64_t k, bool per_tensor, cudaStream_t stream) {
   if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
+  // TMA: a 16-byte aligned base and row stride
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
-  constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * ((MODE & 1) ? 32 : 16) + 2 * S * 8 + 1024;
-  auto kernel = fused_wgmma_big_kernel<T, BNX, S, MODE>;
+  constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * 16 + 2 * S * 8 + 1024;
+  auto kernel = fused_wgmma_big_kernel<T, BNX, S>;
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
   const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128;
   if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
-  CUtensorMap map{};
-  if ((MODE & 64) && !x_tensor_map<T>(&map, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
+  CUtensorMap xmap{};
+  if (!x_tensor_map<T>(&xmap, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
   kernel<<<dim3((unsigned)mb, (unsigned)nb), 384, kSmem, stream>>>(
-      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      (int)m, (int)n, (int)(k / kTileK), (int)((n + kTileN - 1) / kTileN), per_tensor, map);
+      reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y, (int)m, (int)n,
+      (int)(k / kTileK), (int)((n + kTileN - 1) / kTileN), per_tensor, xmap);
   return cudaGetLastError();
 }
 
@@ -1440,7 +1340,8 @@ enum class FusedKernel {
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
   kGemm,        // M 9-16 in between: fused_gemm
   kWgmmaRs,     // Hopper, M 65-128 (wgmma_rs_plan)
-  kGemmNt,      // M 17-128 otherwise: one m16 tile and two n tiles a warp step
+  kWgmmaBig,    // Hopper, M > 128 where the 256 x 128 blocks make at least a wave (TMA x)
+  kGemmNt,      // M 17-128 otherwise (and M > 128 elsewhere): one m16 tile, two n tiles a step
 };
 struct FusedRoute {
   FusedKernel kernel;
@@ -1454,6 +1355,17 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     if (tiles >= 4 * (int64_t)num_sms) return {FusedKernel::kDecodeWide, {}};
     if (tiles <= num_sms) return {FusedKernel::kDecodeNt2, {}};
     return {FusedKernel::kGemm, {}};
+  }
+  if (m > 128) {
+    // lab (seventh session): 4096 x 22016 M=256 (172 blocks) 96 us against the dequantize
+    // route's 146, 11008 x 4096 M=1024 (128 blocks) 117 against 159; a block's time hardly
+    // depends on the grid below a wave, so 32 blocks (N=4096, M=256) lose (115 against 83):
+    // at least half a wave takes it, the dequantize route (ops.cpp) keeps the rest
+    const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128);
+    if (2 * blocks >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
+        tensor_map_encoder() != nullptr)
+      return {FusedKernel::kWgmmaBig, {}};
+    return {FusedKernel::kGemmNt, {}};
   }
   const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
   if (plan.bnx) return {FusedKernel::kWgmmaRs, plan};
@@ -1532,6 +1444,9 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                       r.wg.splits, workspace, stream);
       return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      r.wg.splits, workspace, stream);
+    case FusedKernel::kWgmmaBig:
+      return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                       per_tensor, stream);
     case FusedKernel::kGemmNt:
       break;
   }
@@ -1695,9 +1610,14 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2: return "decode";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
+    case FusedKernel::kWgmmaBig: return "wgmma_big";
     case FusedKernel::kGemmNt: break;
   }
   return "fused_gemm_nt";
+}
+
+bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
+  return m > 128 && pick_route(m, n, k, group_size, num_sms).kernel == FusedKernel::kWgmmaBig;
 }
 
 cudaError_t launch_gemm_fused(const void* x, int64_t ldx, const uint8_t* repacked,

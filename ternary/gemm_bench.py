@@ -159,7 +159,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 row.floor_compute_us = 2 * m * n * k / flops * 1e6
                 choice = kernels.choose(platform, m=m, n=n, k=k, dtype=dtype, group_size=0,
                                         device=device)
-                row.auto_kernel = choice.route(m)
+                row.auto_kernel = choice.route(m, n, k)
                 row.fused_kernel = _ext.fused_route(m, n, k, 0, torch.device(device).index or 0)
                 auto_prep = [choice.prepare(p, s, 0) for p, s in zip(packed, scales)] \
                     if choice.name != "fused" else prepared

@@ -10,8 +10,8 @@ tests can inject WSL2, Windows or a machine without a GPU.
 - fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
   FUSED_MAX_M rows it hands the call to dequantize + cuBLAS, which bench/NOTES.md measured
   faster there (the weight is read once per call either way; at large M the time is matrix
-  work, where cuBLAS beats our kernels: mma.sync, and on Hopper the wgmma kernel that takes
-  M 65-128).
+  work, where cuBLAS beats the mma.sync kernels), except on Hopper where the grid of the
+  wgmma_big kernel fills the GPU: that one beats dequantize + cuBLAS and keeps the call.
 - cublas: dequantize to the activation dtype, then torch.mm with the bias added separately
   (no addmm: its bias epilogue goes through cublasLt, which the Windows target lacks).
   Runs without ternary._C too (the reference dequantize serves CUDA tensors).
@@ -32,7 +32,8 @@ ENV = "TERNARY_KERNEL"
 
 # Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
 # bench/results-h200.json, H200, every shape of the benchmark: at M = 128 the fused kernel
-# took 19-78 us against the dequantize route's 29-122, at M = 256 38-173 against 30-133).
+# took 19-78 us against the dequantize route's 29-122, at M = 256 38-173 against 30-133),
+# except where the Hopper wgmma_big kernel's grid fills the GPU (csrc/fused.cu, pick_route).
 FUSED_MAX_M = 128
 
 
@@ -102,8 +103,9 @@ class Kernel:
     def apply(self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None):
         raise NotImplementedError
 
-    def route(self, m: int) -> str:
-        """The algorithm a call with M rows takes (for reports)."""
+    def route(self, m: int, n: int | None = None, k: int | None = None) -> str:
+        """The algorithm a call with M rows (of an [n, k] weight, where it matters) takes, for
+        reports."""
         return self.name
 
 
@@ -150,8 +152,14 @@ class FusedKernel(Kernel):
         p.packed = None
         return p
 
-    def route(self, m):
-        return self.name if self.max_m is None or m <= self.max_m else "fused>cublas"
+    def route(self, m, n=None, k=None):
+        if self.max_m is None or m <= self.max_m:
+            return self.name
+        # above max_m linear_fused keeps only the large-M Hopper kernel (csrc/ops.cpp)
+        if n is not None and k is not None and _ext.load() is not None and torch.cuda.is_available() \
+                and _ext.fused_route(m, n, k, 0, torch.cuda.current_device()) == "wgmma_big":
+            return self.name
+        return "fused>cublas"
 
     def apply(self, x, prepared, bias=None):
         if x.shape[-1] != prepared.k:

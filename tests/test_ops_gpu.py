@@ -396,6 +396,50 @@ def test_wgmma_rs_route_matches_float64(m):
         _fused_with_bias_matches(m, n, k, mode, dtype, got)
 
 
+@pytest.mark.parametrize("m", [129, 300, 1000])
+def test_wgmma_big_route_matches_float64(m):
+    """M > 128 on Hopper where the 256-token x 128-channel blocks make half a wave: the TMA
+    kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
+    of 128 (partial channel block), K padded to a tile and K of one tile, channel and tensor
+    scale, bias, both dtypes, against float64; one grid just under half a wave takes
+    fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as gemm_fused),
+    also replayed from a CUDA graph with new x (the TMA descriptor holds x's address)."""
+    from ternary import _ext
+
+    _rng(m)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hopper = _hopper_route_expected()
+    half_wave, row_blocks = -(-sms // 2), -(-m // 256)
+    cols = -(-half_wave // row_blocks)  # the fewest 128-channel blocks that make half a wave
+    cases = (  # n, k, mode, dtype, route on Hopper
+        (128 * cols + 40, 1000, "channel", torch.bfloat16, "wgmma_big"),
+        (128 * cols - 100, 320, "tensor", torch.float16, "wgmma_big"),
+        (128 * cols, 64, "channel", torch.float16, "wgmma_big"),
+        (128 * (cols - 1), 256, "channel", torch.bfloat16, "fused_gemm_nt"),
+    )
+    for n, k, mode, dtype, route in cases:
+        got = _ext.fused_route(m, n, k, 0, 0)
+        if hopper:
+            assert got == route, f"m={m} n={n} k={k}: route {got}, expected {route}"
+        _fused_with_bias_matches(m, n, k, mode, dtype, got)
+    n, k = cases[0][:2]
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    y = ops.linear_fused(x, repacked, None, scale, 0, n, 128, bias)
+    if hopper:
+        assert torch.equal(y, ops.gemm_fused(x, repacked, scale, 0, n, bias)), \
+            f"m={m} n={n}: linear_fused above max_m left the wgmma_big route"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        yg = ops.linear_fused(x, repacked, None, scale, 0, n, 128, bias)
+    x.copy_(torch.randn(m, k, dtype=torch.bfloat16, device="cuda"))
+    graph.replay()
+    _check(yg, x.double() @ _dense64(codes, scale, 0).t() + bias.double(), torch.bfloat16,
+           f"graph replay m={m} n={n}")
+
+
 def test_fused_route_outside_the_hopper_range():
     """The Hopper route takes M 65-128 with channel or tensor scale only; a bad size is
     refused with its value."""
@@ -412,6 +456,9 @@ def test_fused_route_outside_the_hopper_range():
         _ext.fused_route(1, 4096, 4096, 0, 99)
     if _hopper_route_expected():
         assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_rs_splitk"
+        assert _ext.fused_route(1024, 4096, 4096, 0, 0) == "wgmma_big"
+        assert _ext.fused_route(256, 4096, 4096, 0, 0) == "fused_gemm_nt"  # 32 blocks
+        assert _ext.fused_route(1024, 4096, 4096, 64, 0) == "fused_gemm"  # group scales
 
 
 @pytest.mark.parametrize("m", [17, 31, 33, 64, 100, 128])
