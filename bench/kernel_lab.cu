@@ -83,16 +83,25 @@ std::vector<Variant> variants() {
                                                   nullptr, st);
                }});
   // M > 128, Hopper: the warp-specialized kernel (BNX tokens a block, S x stages)
-  auto big = [](auto launcher) {
-    return [launcher](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
-                      int64_t n, int64_t k, int, cudaStream_t st) {
-      return launcher(x, k, w, s, nullptr, y, m, n, k, false, st);
+  auto big = [](auto launcher, int splits = 1) {
+    return [launcher, splits](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
+                              int64_t n, int64_t k, int, cudaStream_t st) {
+      static float* ws = nullptr;  // split-K parts, kept between calls
+      static int64_t cap = 0;
+      if (splits > 1 && splits * m * n > cap) {
+        if (ws) CK(cudaFree(ws));
+        CK(cudaMalloc(&ws, splits * m * n * 4));
+        cap = splits * m * n;
+      }
+      return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, ws, st);
     };
   };
   v.push_back({"wgbig-256-s4", 1 << 20, big(launch_wgmma_big<bf16, 256, 4>)});
   v.push_back({"wgbig-256-s5", 1 << 20, big(launch_wgmma_big<bf16, 256, 5>)});
   v.push_back({"wgbig-256-s6", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>)});
   v.push_back({"wgbig-128-s8", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>)});
+  v.push_back({"wgbig-256-s6-k2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2)});
+  v.push_back({"wgbig-256-s6-k4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4)});
   v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
                                        int64_t m, int64_t n, int64_t k, int sms,
                                        cudaStream_t st) {

@@ -1033,7 +1033,18 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 #endif
 }
 
-// M > 128 on Hopper (sm_90a), where the grid has at least a wave of blocks: the decode and
+// y = the sum of the split-K parts (in split order) + bias
+template <typename T>
+__global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
+                                       T* __restrict__ y, int64_t m, int n, int splits) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * n) return;
+  float acc = 0.f;
+  for (int z = 0; z < splits; ++z) acc += ws[z * m * n + i];
+  y[i] = from_float<T>(acc + (bias ? to_float(bias[i % n]) : 0.f));
+}
+
+// M > 128 on Hopper (sm_90a), where the grid has at least half a wave of blocks: the decode and
 // wgmma of fused_wgmma_rs2_kernel (weights as A from registers, x as B from shared memory)
 // with 256 tokens a block, so one decoded A fragment feeds m64n256k16, 4x the tensor work of
 // the M <= 128 kernel's m64n64 (bench/NOTES.md, seventh session). Warp-specialized, no block
@@ -1049,11 +1060,14 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
 // bytes (8-deep ring); in round e, lane t ^ e picks for lane t the two words and with one prmt
 // the bytes of this warp's channels, and a shuffle hands them over (3 a k tile).
 // setmaxnreg gives the consumers 232 registers (128 fp32 accumulators, two k tiles of A).
+// Grids under half a wave split K (gridDim.z) as the M <= 128 kernel does: fp32 parts in ws,
+// summed in split order by wgmma_rs_finish_kernel.
 template <typename T, int BNX, int S>
 __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
-                       const T* __restrict__ bias, T* __restrict__ y, int m, int n, int kt_count,
-                       int nt_count, bool per_tensor, const __grid_constant__ CUtensorMap xmap) {
+                       const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
+                       int m, int n, int kt_total, int nt_count, bool per_tensor,
+                       const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3 && (BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
@@ -1066,6 +1080,9 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto empty = [&](int st) { return bar0 + 8u * (S + st); };
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int m0 = blockIdx.x * BNX;
+  // split z of gridDim.z takes k tiles [kb, kb + kt_count)
+  const int kb = (int)((int64_t)kt_total * blockIdx.z / gridDim.z);
+  const int kt_count = (int)((int64_t)kt_total * (blockIdx.z + 1) / gridDim.z) - kb;
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
       mbar_init(full(st), 1);
@@ -1085,7 +1102,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       asm volatile(
           "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
           " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + (kt % S) * kX),
-          "l"(reinterpret_cast<uint64_t>(&xmap)), "r"(kt * kTileK), "r"(m0), "r"(full(kt % S))
+          "l"(reinterpret_cast<uint64_t>(&xmap)), "r"((kb + kt) * kTileK), "r"(m0), "r"(full(kt % S))
           : "memory");
     }
     return;  // nothing below synchronizes the block
@@ -1095,7 +1112,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.y * 4 + wg * 2 + (warp >> 1);
   const int flo = 2 * (warp & 1);  // this warp's channels 8 f + g, f = flo, flo + 1
-  const uint4* wt = w + (int64_t)min(tile, nt_count - 1) * kt_count * 32 + lane;
+  const uint4* wt = w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
   auto rawload = [&](int kt) {
     if (kt < kt_count)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(raw0 + ((kt % kRR) * kC + tid) * 16),
@@ -1186,13 +1203,16 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     const int col = ch0 + 8 * hi;
     if (col >= n) continue;
     const float sc = per_tensor ? scale[0] : scale[col];
-    const float b = bias ? to_float(bias[col]) : 0.f;
+    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
 #pragma unroll
     for (int j = 0; j < BNX / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int row = m0 + 8 * j + 2 * t + e;
-        if (row < m) y[(int64_t)row * n + col] = from_float<T>(d[4 * j + 2 * hi + e] * sc + b);
+        if (row >= m) continue;
+        const float v = d[4 * j + 2 * hi + e] * sc;
+        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
+        else y[(int64_t)row * n + col] = from_float<T>(v + b);
       }
   }
 #endif
@@ -1246,10 +1266,12 @@ constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (lab
 template <typename T, int BNX, int S>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
-                             int64_t k, bool per_tensor, cudaStream_t stream) {
+                             int64_t k, bool per_tensor, int splits, float* ws,
+                             cudaStream_t stream) {
   if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   // TMA: a 16-byte aligned base and row stride
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
+  if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
   constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * 16 + 2 * S * 8 + 1024;
   auto kernel = fused_wgmma_big_kernel<T, BNX, S>;
   const cudaError_t attr =
@@ -1259,21 +1281,16 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
   CUtensorMap xmap{};
   if (!x_tensor_map<T>(&xmap, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)mb, (unsigned)nb), 384, kSmem, stream>>>(
-      reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y, (int)m, (int)n,
-      (int)(k / kTileK), (int)((n + kTileN - 1) / kTileN), per_tensor, xmap);
+  kernel<<<dim3((unsigned)mb, (unsigned)nb, (unsigned)splits), 384, kSmem, stream>>>(
+      reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+      splits > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
+      (int)((n + kTileN - 1) / kTileN), per_tensor, xmap);
+  if (splits > 1) {
+    const int64_t total = m * n;
+    wgmma_rs_finish_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
+        ws, (const T*)bias, (T*)y, m, (int)n, splits);
+  }
   return cudaGetLastError();
-}
-
-// y = the sum of the split-K parts (in split order) + bias
-template <typename T>
-__global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
-                                       T* __restrict__ y, int64_t m, int n, int splits) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= m * n) return;
-  float acc = 0.f;
-  for (int z = 0; z < splits; ++z) acc += ws[z * m * n + i];
-  y[i] = from_float<T>(acc + (bias ? to_float(bias[i % n]) : 0.f));
 }
 
 // Its shared array exists only in the sm_90a image, so cudaFuncGetAttributes (no launch, no
@@ -1345,7 +1362,7 @@ enum class FusedKernel {
 };
 struct FusedRoute {
   FusedKernel kernel;
-  WgmmaRsPlan wg;  // for kWgmmaRs
+  WgmmaRsPlan wg;  // for kWgmmaRs and kWgmmaBig (its splits)
 };
 FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
   if (group_size) return {m <= 8 ? FusedKernel::kGroupHalf : FusedKernel::kGroup, {}};
@@ -1361,10 +1378,13 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // route's 146, 11008 x 4096 M=1024 (128 blocks) 117 against 159; a block's time hardly
     // depends on the grid below a wave, so 32 blocks (N=4096, M=256) lose (115 against 83):
     // at least half a wave takes it, the dequantize route (ops.cpp) keeps the rest
-    const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128);
-    if (2 * blocks >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
+    // (with K split up to 4 ways to get there, as wgmma_rs_plan does)
+    const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128), kt = k / kTileK;
+    int s = 1;
+    while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
+    if (2 * blocks * s >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
         tensor_map_encoder() != nullptr)
-      return {FusedKernel::kWgmmaBig, {}};
+      return {FusedKernel::kWgmmaBig, {kBigRows, s}};
     return {FusedKernel::kGemmNt, {}};
   }
   const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
@@ -1407,8 +1427,9 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                int num_sms, float* workspace, cudaStream_t stream) {
   // x rows arrive padded to whole tiles (ops.cpp), so k here is a multiple of 64.
   FusedRoute r = pick_route(m, n, k, group_size, num_sms);
-  // a split without its workspace (a caller that passed none) takes the unsplit M 17-128 kernel
-  if (r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 && workspace == nullptr)
+  // a split without its workspace (a caller that passed none) takes fused_gemm_nt
+  if ((r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig) &&
+      r.wg.splits > 1 && workspace == nullptr)
     r.kernel = FusedKernel::kGemmNt;
   switch (r.kernel) {
     // group scales: one m16 tile per block, the per-tile group partials need the registers
@@ -1446,7 +1467,7 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                      r.wg.splits, workspace, stream);
     case FusedKernel::kWgmmaBig:
       return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                       per_tensor, stream);
+                                                       per_tensor, r.wg.splits, workspace, stream);
     case FusedKernel::kGemmNt:
       break;
   }
@@ -1597,7 +1618,10 @@ int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t gro
                                     int num_sms) {
   if (m == 0 || n == 0) return 0;
   const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
-  return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
+  return (r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig) &&
+                 r.wg.splits > 1
+             ? r.wg.splits * m * n
+             : 0;
 }
 
 const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
@@ -1610,7 +1634,7 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2: return "decode";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
-    case FusedKernel::kWgmmaBig: return "wgmma_big";
+    case FusedKernel::kWgmmaBig: return r.wg.splits > 1 ? "wgmma_big_splitk" : "wgmma_big";
     case FusedKernel::kGemmNt: break;
   }
   return "fused_gemm_nt";

@@ -52,9 +52,9 @@ int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t gro
                                     int num_sms);
 // The kernel launch_gemm_fused picks for this call on the current device ("decode",
 // "fused_gemm", "fused_gemm_half", "fused_gemm_nt", "wgmma_rs", "wgmma_rs_splitk",
-// "wgmma_big").
+// "wgmma_big", "wgmma_big_splitk").
 const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);
-// Whether this call takes wgmma_big, the one fused kernel that beats dequantize + cuBLAS above
+// Whether this call takes wgmma_big (split or not), the one fused kernel that beats dequantize + cuBLAS above
 // M = 128 (linear_fused then keeps the fused route past its max_m).
 bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);
 

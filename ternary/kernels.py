@@ -157,7 +157,7 @@ class FusedKernel(Kernel):
             return self.name
         # above max_m linear_fused keeps only the large-M Hopper kernel (csrc/ops.cpp)
         if n is not None and k is not None and _ext.load() is not None and torch.cuda.is_available() \
-                and _ext.fused_route(m, n, k, 0, torch.cuda.current_device()) == "wgmma_big":
+                and _ext.fused_route(m, n, k, 0, torch.cuda.current_device()).startswith("wgmma_big"):
             return self.name
         return "fused>cublas"
 

@@ -400,9 +400,9 @@ def test_wgmma_rs_route_matches_float64(m):
 def test_wgmma_big_route_matches_float64(m):
     """M > 128 on Hopper where the 256-token x 128-channel blocks make half a wave: the TMA
     kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
-    of 128 (partial channel block), K padded to a tile and K of one tile, channel and tensor
-    scale, bias, both dtypes, against float64; one grid just under half a wave takes
-    fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as gemm_fused),
+    of 128 (partial channel block), K padded to a tile and K of one tile, K split 4 ways where
+    the blocks alone make an eighth of a wave, channel and tensor scale, bias, both dtypes,
+    against float64; a grid under that takes fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as gemm_fused),
     also replayed from a CUDA graph with new x (the TMA descriptor holds x's address)."""
     from ternary import _ext
 
@@ -411,11 +411,15 @@ def test_wgmma_big_route_matches_float64(m):
     hopper = _hopper_route_expected()
     half_wave, row_blocks = -(-sms // 2), -(-m // 256)
     cols = -(-half_wave // row_blocks)  # the fewest 128-channel blocks that make half a wave
+    # K split 4 ways (16 k tiles) brings an eighth of a wave to half of one
+    eighth = -(-sms // 8)
+    cols4 = -(-eighth // row_blocks)
     cases = (  # n, k, mode, dtype, route on Hopper
         (128 * cols + 40, 1000, "channel", torch.bfloat16, "wgmma_big"),
         (128 * cols - 100, 320, "tensor", torch.float16, "wgmma_big"),
         (128 * cols, 64, "channel", torch.float16, "wgmma_big"),
-        (128 * (cols - 1), 256, "channel", torch.bfloat16, "fused_gemm_nt"),
+        (128 * cols4 - 60, 1000, "channel", torch.float16, "wgmma_big_splitk"),
+        (128 * (cols4 - 1), 1000, "channel", torch.bfloat16, "fused_gemm_nt"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
@@ -457,7 +461,8 @@ def test_fused_route_outside_the_hopper_range():
     if _hopper_route_expected():
         assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_rs_splitk"
         assert _ext.fused_route(1024, 4096, 4096, 0, 0) == "wgmma_big"
-        assert _ext.fused_route(256, 4096, 4096, 0, 0) == "fused_gemm_nt"  # 32 blocks
+        assert _ext.fused_route(256, 4096, 4096, 0, 0) == "wgmma_big_splitk"  # 32 blocks x 4
+        assert _ext.fused_route(256, 1024, 4096, 0, 0) == "fused_gemm_nt"  # 8 blocks
         assert _ext.fused_route(1024, 4096, 4096, 64, 0) == "fused_gemm"  # group scales
 
 
