@@ -854,6 +854,47 @@ TERNARY_WGMMA_RS(__nv_bfloat16, "bf16", 256)
 TERNARY_WGMMA_RS(__half, "f16", 256)
 #undef TERNARY_WGMMA_RS
 
+// Keeps a k tile of A fragments in its registers (no instruction): the decode of the next tile
+// must not be moved across the wgmma that still reads this one.
+__device__ __forceinline__ void wg_pin(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+// The end of both wgmma kernels: wait for the last wgmma, then write this thread's share of
+// the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens m0 + 8 j + 2 t + e:
+// scaled, plus the bias, into y; or, split K (ws set), the fp32 part into split z's m x n.
+template <typename T, int BNX>
+__device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][4][4], int ch0,
+                                          int m0, int t, int m, int n, const float* scale,
+                                          bool per_tensor, const T* bias, float* ws, T* y) {
+  cp_async_wait<0>();
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_pin(a[0]);
+  wg_pin(a[1]);
+#pragma unroll
+  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int col = ch0 + 8 * hi;
+    if (col >= n) continue;
+    const float sc = per_tensor ? scale[0] : scale[col];
+    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < BNX / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = m0 + 8 * j + 2 * t + e;
+        if (row >= m) continue;
+        const float v = d[4 * j + 2 * hi + e] * sc;
+        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
+        else y[(int64_t)row * n + col] = from_float<T>(v + b);
+      }
+  }
+}
+
 // mbarrier ring of the large-M kernel (producer -> consumers "full", consumers -> producer
 // "empty"); a stage's phase parity flips each time the ring comes round
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -947,12 +988,6 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
                          WgDec<T>::kSub);
       }
   };
-  auto pin = [](uint32_t (&a)[4][4]) {
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
-  };
 
   float d[BNX / 2];
 #pragma unroll
@@ -987,9 +1022,9 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
       WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    pin(anext);
+    wg_pin(anext);
     decode(qcur, anext);
-    pin(acur);
+    wg_pin(acur);
 #pragma unroll
     for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
     cp_async_wait<S - 5>();  // raw tile kt + 2
@@ -1006,30 +1041,8 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
     step(kt, a[0], a[1], q[1], q[0]);
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
-  cp_async_wait<0>();
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  pin(a[0]);
-  pin(a[1]);
-#pragma unroll
-  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-  const int ch0 = blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int col = ch0 + 8 * hi;
-    if (col >= n) continue;
-    const float sc = per_tensor ? scale[0] : scale[col];
-    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
-#pragma unroll
-    for (int j = 0; j < BNX / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int row = m0 + 8 * j + 2 * t + e;
-        if (row >= m) continue;
-        const float v = d[4 * j + 2 * hi + e] * sc;
-        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
-        else y[(int64_t)row * n + col] = from_float<T>(v + b);
-      }
-  }
+  wg_finish<T, BNX>(d, a, blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
+                    per_tensor, bias, ws, y);
 #endif
 }
 
@@ -1148,12 +1161,6 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
                          WgDec<T>::kSub);
     }
   };
-  auto pin = [](uint32_t (&a)[4][4]) {
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
-  };
   float d[BNX / 2];
   zero(d);
   uint32_t a[2][4][4];
@@ -1178,9 +1185,9 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
     if (kt >= 1) mbar_arrive(empty((kt - 1) % S));
-    pin(anext);
+    wg_pin(anext);
     decode(qcur, anext);
-    pin(acur);
+    wg_pin(acur);
 #pragma unroll
     for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
     cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
@@ -1191,30 +1198,8 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     step(kt, a[0], a[1], q[1], q[0]);
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
-  cp_async_wait<0>();
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  pin(a[0]);
-  pin(a[1]);
-#pragma unroll
-  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-  const int ch0 = blockIdx.y * 128 + wg * 64 + 16 * warp + g;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int col = ch0 + 8 * hi;
-    if (col >= n) continue;
-    const float sc = per_tensor ? scale[0] : scale[col];
-    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
-#pragma unroll
-    for (int j = 0; j < BNX / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int row = m0 + 8 * j + 2 * t + e;
-        if (row >= m) continue;
-        const float v = d[4 * j + 2 * hi + e] * sc;
-        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
-        else y[(int64_t)row * n + col] = from_float<T>(v + b);
-      }
-  }
+  wg_finish<T, BNX>(d, a, blockIdx.y * 128 + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
+                    per_tensor, bias, ws, y);
 #endif
 }
 
