@@ -297,7 +297,8 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
 }
 
 // gemm_fused up to max_m rows, and above where gemm_fused_takes_large_m (Hopper); else
-// dequantize + mm (ternary/ops.py says why one op). The mm takes no bias: an addmm epilogue would go through cublasLt, which the cuBLAS path avoids.
+// dequantize + mm (ternary/ops.py says why one op). The mm takes no bias: an addmm epilogue
+// would go through cublasLt, which the cuBLAS path avoids.
 at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
                              const std::optional<at::Tensor>& packed, const at::Tensor& scale,
                              int64_t group_size, int64_t n, int64_t max_m,
@@ -313,7 +314,7 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
   const int64_t m = k > 0 ? x.numel() / k : 0;
   if (max_m < 0 || m <= max_m) return gemm_fused_cuda(x, repacked, scale, group_size, n, bias);
   {
-    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused.cu says where)
+    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused.cu: where)
     const c10::cuda::CUDAGuard guard(x.device());
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     if (gemm_fused_takes_large_m(m, n, (k + 63) / 64 * 64, group_size, sms))

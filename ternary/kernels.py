@@ -155,11 +155,12 @@ class FusedKernel(Kernel):
     def route(self, m, n=None, k=None):
         if self.max_m is None or m <= self.max_m:
             return self.name
-        # above max_m linear_fused keeps only the large-M Hopper kernel (csrc/ops.cpp)
-        if n is not None and k is not None and _ext.load() is not None and torch.cuda.is_available() \
-                and _ext.fused_route(m, n, k, 0, torch.cuda.current_device()).startswith("wgmma_big"):
-            return self.name
-        return "fused>cublas"
+        # above max_m linear_fused keeps only the large-M Hopper kernel (csrc/ops.cpp); the
+        # route of a channel-scale layer (group scales never take it)
+        if n is None or k is None or _ext.load() is None or not torch.cuda.is_available():
+            return "fused>cublas"
+        big = _ext.fused_route(m, n, k, 0, torch.cuda.current_device()).startswith("wgmma_big")
+        return self.name if big else "fused>cublas"
 
     def apply(self, x, prepared, bias=None):
         if x.shape[-1] != prepared.k:

@@ -402,8 +402,9 @@ def test_wgmma_big_route_matches_float64(m):
     kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
     of 128 (partial channel block), K padded to a tile and K of one tile, K split 4 ways where
     the blocks alone make an eighth of a wave, channel and tensor scale, bias, both dtypes,
-    against float64; a grid under that takes fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as gemm_fused),
-    also replayed from a CUDA graph with new x (the TMA descriptor holds x's address)."""
+    against float64; a grid under that takes fused_gemm_nt. linear_fused above its max_m
+    keeps this route (the same bits as gemm_fused), also replayed from a CUDA graph with new x
+    (the TMA descriptor holds x's address)."""
     from ternary import _ext
 
     _rng(m)
