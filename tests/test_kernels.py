@@ -96,6 +96,24 @@ def test_fused_routes_large_m_to_cublas():
     assert kernels.FusedKernel(max_m=None).route(10**6) == "fused"
 
 
+@pytest.mark.parametrize("cuda_route,want", [("wgmma_big", "fused"), ("wgmma_big_splitk", "fused"),
+                                             ("fused_gemm_nt", "fused>cublas")])
+def test_fused_route_above_max_m_follows_the_extension(monkeypatch, cuda_route, want):
+    """Above max_m, linear_fused keeps the fused kernel exactly where the extension picks
+    wgmma_big; the report says so only with the shape, an extension and a GPU."""
+    from ternary import _ext
+
+    monkeypatch.setattr(_ext, "load", lambda: object())
+    monkeypatch.setattr(_ext, "fused_route", lambda m, n, k, g, d: cuda_route)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    k = kernels.FusedKernel()
+    assert k.route(1024, 4096, 4096) == want
+    assert k.route(1024) == "fused>cublas"  # no shape: no lookup
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert k.route(1024, 4096, 4096) == "fused>cublas"
+
+
 @pytest.mark.parametrize("m", [3, kernels.FUSED_MAX_M + 5])
 @pytest.mark.parametrize("name", ["fused", "cublas", "reference"])
 def test_apply_matches_gemm_on_cpu(name, m):
