@@ -863,6 +863,26 @@ __device__ __forceinline__ void wg_pin(uint32_t (&a)[4][4]) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
 }
 
+// ... and the accumulators, which an in-flight wgmma still writes
+template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// One k tile of both wgmma kernels: the four k16 steps of A (registers) against the x stage at
+// shared address `stage`, committed as one group; returns once the previous group retired
+// (this one stays in flight while the caller decodes the next A).
+template <typename T, int BNX>
+__device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur)[4][4],
+                                            uint32_t stage) {
+  wg_pin(d);
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int s = 0; s < 4; ++s) WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(stage + wg_step(s)));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
 // The end of both wgmma kernels: wait for the last wgmma, then write this thread's share of
 // the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens m0 + 8 j + 2 t + e:
 // scaled, plus the bias, into y; or, split K (ws set), the fp32 part into split z's m x n.
@@ -874,8 +894,7 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
   wg_pin(a[1]);
-#pragma unroll
-  for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  wg_pin(d);
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int col = ch0 + 8 * hi;
@@ -1014,19 +1033,11 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
   auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
                   uint4& qnext) {
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_mma_tile<T, BNX>(d, acur, base + (kt % S) * kX);
     wg_pin(anext);
     decode(qcur, anext);
     wg_pin(acur);
-#pragma unroll
-    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    wg_pin(d);
     cp_async_wait<S - 5>();  // raw tile kt + 2
     qnext = rawread(kt + 2);
     if (wg == (kt + NWG) % NWG && kt + NWG < kt_count) {
@@ -1176,20 +1187,12 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
                   uint4& qnext) {
     mbar_wait(full(kt % S), (kt / S) & 1);
-#pragma unroll
-    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-      WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(base + (kt % S) * kX + wg_step(s)));
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    wg_mma_tile<T, BNX>(d, acur, base + (kt % S) * kX);
     if (kt >= 1) mbar_arrive(empty((kt - 1) % S));
     wg_pin(anext);
     decode(qcur, anext);
     wg_pin(acur);
-#pragma unroll
-    for (int i = 0; i < BNX / 2; ++i) asm volatile("" : "+f"(d[i])::"memory");
+    wg_pin(d);
     cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
     qnext = rawread(kt + 2);
     rawload(kt + kRR - 2);
