@@ -83,17 +83,21 @@ std::vector<Variant> variants() {
                                                   nullptr, st);
                }});
   // M > 128, Hopper: the warp-specialized kernel (BNX tokens a block, S x stages)
-  auto big = [](auto launcher, int splits = 1) {
-    return [launcher, splits](const void* x, const uint8_t* w, const float* s, void* y, int64_t m,
-                              int64_t n, int64_t k, int, cudaStream_t st) {
+  // splits > 1 with tail: only the last, partial wave's tiles split (256-row tiles)
+  auto big = [](auto launcher, int splits = 1, bool tail = false) {
+    return [launcher, splits, tail](const void* x, const uint8_t* w, const float* s, void* y,
+                                    int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
       static float* ws = nullptr;  // split-K parts, kept between calls
       static int64_t cap = 0;
-      if (splits > 1 && splits * m * n > cap) {
+      const int64_t need = splits * ((m + 255) / 256 * 256) * ((n + 127) / 128 * 128);
+      if (splits > 1 && need > cap) {
         if (ws) CK(cudaFree(ws));
-        CK(cudaMalloc(&ws, splits * m * n * 4));
-        cap = splits * m * n;
+        CK(cudaMalloc(&ws, need * 4));
+        cap = need;
       }
-      return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, ws, st);
+      const int64_t tiles = (m + 255) / 256 * ((n + 127) / 128);
+      return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, tail ? tiles % sms : 0, ws,
+                      st);
     };
   };
   v.push_back({"wgbig-256-s4", 1 << 20, big(launch_wgmma_big<bf16, 256, 4>)});
@@ -102,6 +106,8 @@ std::vector<Variant> variants() {
   v.push_back({"wgbig-128-s8", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>)});
   v.push_back({"wgbig-256-s6-k2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2)});
   v.push_back({"wgbig-256-s6-k4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4)});
+  v.push_back({"wgbig-256-s6-tail2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2, true)});
+  v.push_back({"wgbig-256-s6-tail4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4, true)});
   v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
                                        int64_t m, int64_t n, int64_t k, int sms,
                                        cudaStream_t st) {

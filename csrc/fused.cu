@@ -885,11 +885,13 @@ __device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur
 
 // The end of both wgmma kernels: wait for the last wgmma, then write this thread's share of
 // the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens m0 + 8 j + 2 t + e:
-// scaled, plus the bias, into y; or, split K (ws set), the fp32 part into split z's m x n.
+// scaled, plus the bias, into y; or, split K (part set), the fp32 part of (row, col) at
+// part[(row - r0) * ld + col - c0].
 template <typename T, int BNX>
 __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][4][4], int ch0,
                                           int m0, int t, int m, int n, const float* scale,
-                                          bool per_tensor, const T* bias, float* ws, T* y) {
+                                          bool per_tensor, const T* bias, float* part, int r0,
+                                          int c0, int ld, T* y) {
   cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
@@ -900,7 +902,7 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
     const int col = ch0 + 8 * hi;
     if (col >= n) continue;
     const float sc = per_tensor ? scale[0] : scale[col];
-    const float b = bias && ws == nullptr ? to_float(bias[col]) : 0.f;
+    const float b = bias && part == nullptr ? to_float(bias[col]) : 0.f;
 #pragma unroll
     for (int j = 0; j < BNX / 8; ++j)
 #pragma unroll
@@ -908,7 +910,7 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
         const int row = m0 + 8 * j + 2 * t + e;
         if (row >= m) continue;
         const float v = d[4 * j + 2 * hi + e] * sc;
-        if (ws != nullptr) ws[((int64_t)blockIdx.z * m + row) * n + col] = v;  // split K's part
+        if (part != nullptr) part[(int64_t)(row - r0) * ld + col - c0] = v;  // split K's part
         else y[(int64_t)row * n + col] = from_float<T>(v + b);
       }
   }
@@ -1053,7 +1055,8 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
   wg_finish<T, BNX>(d, a, blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
-                    per_tensor, bias, ws, y);
+                    per_tensor, bias, ws == nullptr ? nullptr : ws + (int64_t)blockIdx.z * m * n,
+                    0, 0, n, y);
 #endif
 }
 
@@ -1084,14 +1087,17 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // bytes (8-deep ring); in round e, lane t ^ e picks for lane t the two words and with one prmt
 // the bytes of this warp's channels, and a shuffle hands them over (3 a k tile).
 // setmaxnreg gives the consumers 232 registers (128 fp32 accumulators, two k tiles of A).
-// Grids under half a wave split K (gridDim.z) as the M <= 128 kernel does: fp32 parts in ws,
-// summed in split order by wgmma_rs_finish_kernel.
+// Block b of a launch takes tile tile0 + b (row block t % row_blocks, channel block
+// t / row_blocks). With ws, K is split gridDim.z ways: the fp32 parts go to ws, a 256 x 128
+// tile each ([z][b]), and wgmma_big_finish_kernel sums them in split order. Grids under half
+// a wave split every tile; grids of a wave or more split only the tiles of the last, partial
+// wave, in a second launch (launch_wgmma_big).
 template <typename T, int BNX, int S>
 __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
                        const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
-                       int m, int n, int kt_total, int nt_count, bool per_tensor,
-                       const __grid_constant__ CUtensorMap xmap) {
+                       int m, int n, int kt_total, int nt_count, bool per_tensor, int tile0,
+                       int row_blocks, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3 && (BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
@@ -1103,7 +1109,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto full = [&](int st) { return bar0 + 8u * st; };
   auto empty = [&](int st) { return bar0 + 8u * (S + st); };
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int m0 = blockIdx.x * BNX;
+  const int tl = tile0 + (int)blockIdx.x, cb = tl / row_blocks, m0 = (tl % row_blocks) * BNX;
   // split z of gridDim.z takes k tiles [kb, kb + kt_count)
   const int kb = (int)((int64_t)kt_total * blockIdx.z / gridDim.z);
   const int kt_count = (int)((int64_t)kt_total * (blockIdx.z + 1) / gridDim.z) - kb;
@@ -1134,7 +1140,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
 
   const int g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.y * 4 + wg * 2 + (warp >> 1);
+  const int tile = cb * 4 + wg * 2 + (warp >> 1);
   const int flo = 2 * (warp & 1);  // this warp's channels 8 f + g, f = flo, flo + 1
   const uint4* wt = w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
   auto rawload = [&](int kt) {
@@ -1201,9 +1207,28 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     step(kt, a[0], a[1], q[1], q[0]);
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
-  wg_finish<T, BNX>(d, a, blockIdx.y * 128 + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
-                    per_tensor, bias, ws, y);
+  const int cb0 = cb * 128;
+  wg_finish<T, BNX>(d, a, cb0 + wg * 64 + 16 * warp + g, m0, t, m, n, scale, per_tensor, bias,
+                    ws == nullptr ? nullptr
+                                  : ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
+                    m0, cb0, 128, y);
 #endif
+}
+
+// y of tiles tile0 .. tile0 + tiles - 1 = their split-K parts summed in split order + bias
+template <typename T, int BNX>
+__global__ void wgmma_big_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
+                                        T* __restrict__ y, int m, int n, int tile0,
+                                        int row_blocks, int tiles, int splits) {
+  constexpr int64_t kPer = (int64_t)BNX * 128;
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= tiles * kPer) return;
+  const int b = (int)(i / kPer), r = (int)(i % kPer) / 128, c = (int)(i % 128);
+  const int tl = tile0 + b, row = (tl % row_blocks) * BNX + r, col = (tl / row_blocks) * 128 + c;
+  if (row >= m || col >= n) return;
+  float acc = 0.f;
+  for (int z = 0; z < splits; ++z) acc += ws[((int64_t)z * tiles + b) * kPer + r * 128 + c];
+  y[(int64_t)row * n + col] = from_float<T>(acc + (bias ? to_float(bias[col]) : 0.f));
 }
 
 // cuTensorMapEncodeTiled through the runtime (no link to libcuda), looked up once
@@ -1251,10 +1276,17 @@ bool x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int64_t m, int64
 
 constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (lab, seventh session)
 
+// The fp32 floats launch_wgmma_big's split parts take: `splits` parts of `split_tiles` tiles
+int64_t wgmma_big_workspace_floats(int splits, int64_t split_tiles, int bnx) {
+  return splits > 1 ? splits * split_tiles * bnx * 128 : 0;
+}
+
+// tail 0: every tile split `splits` ways (1: none). tail > 0: the first tiles unsplit, then
+// the last `tail` tiles (the partial wave) split `splits` ways in a second launch.
 template <typename T, int BNX, int S>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
-                             int64_t k, bool per_tensor, int splits, float* ws,
+                             int64_t k, bool per_tensor, int splits, int64_t tail, float* ws,
                              cudaStream_t stream) {
   if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   // TMA: a 16-byte aligned base and row stride
@@ -1265,18 +1297,26 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
-  const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128;
-  if (nb > 65535 || mb > INT32_MAX / 2) return cudaErrorInvalidConfiguration;
+  const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128, tiles = mb * nb;
+  if (tiles > INT32_MAX / 2 || tail < 0 || tail > tiles) return cudaErrorInvalidConfiguration;
   CUtensorMap xmap{};
   if (!x_tensor_map<T>(&xmap, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
-  kernel<<<dim3((unsigned)mb, (unsigned)nb, (unsigned)splits), 384, kSmem, stream>>>(
-      reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      splits > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
-      (int)((n + kTileN - 1) / kTileN), per_tensor, xmap);
-  if (splits > 1) {
-    const int64_t total = m * n;
-    wgmma_rs_finish_kernel<T><<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
-        ws, (const T*)bias, (T*)y, m, (int)n, splits);
+  auto run = [&](int64_t tile0, int64_t count, int z) {
+    kernel<<<dim3((unsigned)count, 1, (unsigned)z), 384, kSmem, stream>>>(
+        reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
+        z > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
+        (int)((n + kTileN - 1) / kTileN), per_tensor, (int)tile0, (int)mb, xmap);
+    if (z > 1) {
+      const int64_t total = count * BNX * 128;
+      wgmma_big_finish_kernel<T, BNX><<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(
+          ws, (const T*)bias, (T*)y, (int)m, (int)n, (int)tile0, (int)mb, (int)count, z);
+    }
+  };
+  if (tail > 0 && splits > 1) {
+    if (tiles > tail) run(0, tiles - tail, 1);
+    run(tiles - tail, tail, splits);
+  } else {
+    run(0, tiles, splits);
   }
   return cudaGetLastError();
 }
@@ -1316,6 +1356,7 @@ bool wgmma_rs_compiled() {
 struct WgmmaRsPlan {
   int bnx = 0;  // 0: not this route
   int splits = 1;
+  int64_t tail = 0;  // wgmma_big: split only the last `tail` tiles (its partial wave)
 };
 WgmmaRsPlan wgmma_rs_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
   WgmmaRsPlan p;
@@ -1366,13 +1407,23 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // route's 146, 11008 x 4096 M=1024 (128 blocks) 117 against 159; a block's time hardly
     // depends on the grid below a wave, so 32 blocks (N=4096, M=256) lose (115 against 83):
     // at least half a wave takes it, the dequantize route (ops.cpp) keeps the rest
-    // (with K split up to 4 ways to get there, as wgmma_rs_plan does)
+    // (with K split up to 4 ways to get there, as wgmma_rs_plan does). Past a wave, the tiles
+    // of the last, partial wave split 2 or 4 ways where K is long enough to repay the fp32
+    // parts: 4096 x 6144 at M = 1024 is 192 tiles, 1.45 waves (UNMEASURED, next/wgmma-big-tail)
     const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
     while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
     if (2 * blocks * s >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
-        tensor_map_encoder() != nullptr)
-      return {FusedKernel::kWgmmaBig, {kBigRows, s}};
+        tensor_map_encoder() != nullptr) {
+      WgmmaRsPlan p{kBigRows, s, 0};
+      const int64_t rest = blocks % num_sms;
+      if (blocks > num_sms && rest > 0 && kt >= 32) {
+        int ts = 1;
+        while (ts < 4 && rest * ts * 2 <= num_sms) ts *= 2;
+        if (ts > 1) p = {kBigRows, ts, rest};
+      }
+      return {FusedKernel::kWgmmaBig, p};
+    }
     return {FusedKernel::kGemmNt, {}};
   }
   const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
@@ -1455,7 +1506,8 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
                                      r.wg.splits, workspace, stream);
     case FusedKernel::kWgmmaBig:
       return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                       per_tensor, r.wg.splits, workspace, stream);
+                                                       per_tensor, r.wg.splits, r.wg.tail,
+                                                       workspace, stream);
     case FusedKernel::kGemmNt:
       break;
   }
@@ -1606,10 +1658,11 @@ int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t gro
                                     int num_sms) {
   if (m == 0 || n == 0) return 0;
   const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
-  return (r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig) &&
-                 r.wg.splits > 1
-             ? r.wg.splits * m * n
-             : 0;
+  if (r.kernel == FusedKernel::kWgmmaBig) {
+    const int64_t tiles = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128);
+    return wgmma_big_workspace_floats(r.wg.splits, r.wg.tail ? r.wg.tail : tiles, kBigRows);
+  }
+  return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
 }
 
 const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
@@ -1622,7 +1675,8 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2: return "decode";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
-    case FusedKernel::kWgmmaBig: return r.wg.splits > 1 ? "wgmma_big_splitk" : "wgmma_big";
+    case FusedKernel::kWgmmaBig:
+      return r.wg.splits == 1 ? "wgmma_big" : r.wg.tail ? "wgmma_big_tail" : "wgmma_big_splitk";
     case FusedKernel::kGemmNt: break;
   }
   return "fused_gemm_nt";

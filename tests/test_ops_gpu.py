@@ -401,10 +401,11 @@ def test_wgmma_big_route_matches_float64(m):
     """M > 128 on Hopper where the 256-token x 128-channel blocks make half a wave: the TMA
     kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
     of 128 (partial channel block), K padded to a tile and K of one tile, K split 4 ways where
-    the blocks alone make an eighth of a wave, channel and tensor scale, bias, both dtypes,
-    against float64; a grid under that takes fused_gemm_nt. linear_fused above its max_m
-    keeps this route (the same bits as gemm_fused), also replayed from a CUDA graph with new x
-    (the TMA descriptor holds x's address)."""
+    the blocks alone make an eighth of a wave, or only for the tiles past a whole wave,
+    channel and tensor scale, bias, both dtypes, against float64; a grid under an eighth of a
+    wave takes fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as
+    gemm_fused), also replayed from a CUDA graph with new x (the TMA descriptor holds x's
+    address)."""
     from ternary import _ext
 
     _rng(m)
@@ -421,6 +422,8 @@ def test_wgmma_big_route_matches_float64(m):
         (128 * cols, 64, "channel", torch.float16, "wgmma_big"),
         (128 * cols4 - 60, 1000, "channel", torch.float16, "wgmma_big_splitk"),
         (128 * (cols4 - 1), 1000, "channel", torch.bfloat16, "fused_gemm_nt"),
+        # a wave and a few tiles, K of 32 tiles: the last tiles split 4 ways
+        (128 * (sms // row_blocks + 2) - 50, 2048, "tensor", torch.bfloat16, "wgmma_big_tail"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
