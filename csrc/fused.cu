@@ -916,6 +916,79 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
   }
 }
 
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const T l = from_float<T>(lo), h = from_float<T>(hi);
+  return (uint32_t)reinterpret_cast<const uint16_t&>(l) |
+         ((uint32_t)reinterpret_cast<const uint16_t&>(h) << 16);
+}
+
+// The large-M kernel's end without split K: both consumer warpgroups' accumulators, scaled
+// and biased, go through shared memory to leave as 16-byte stores of whole token rows, in a
+// rolled loop. (wg_finish's per-element stores were 2866 SASS instructions run once a warp:
+// 40 % of the warp samples under ncu, nearly all stall_no_inst.) stmatrix .trans turns each
+// 8 x 8 fragment (channels x tokens) into 8 token rows of 8 channels; the tile is
+// [BNX tokens][128 channels], 256 bytes a token, its 16-byte chunk c stored at c ^ (token % 8)
+// so that the 8 rows of one stmatrix fall in different banks. Each warpgroup writes and reads
+// only its own 64 channels; the x ring it overwrites must first be done with by both.
+template <typename T, int BNX>
+__device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
+                                              int wg, int warp, int lane, int m0, int cb0,
+                                              int m, int n, const float* scale, bool per_tensor,
+                                              const T* bias, uint32_t stile, const uint8_t* gtile,
+                                              T* y) {
+  cp_async_wait<0>();
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+  wg_pin(a[0]);
+  wg_pin(a[1]);
+  wg_pin(d);
+  const int g = lane >> 2;
+  float sc[2], b[2];
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int col = cb0 + 64 * wg + 16 * warp + 8 * hi + g;
+    sc[hi] = col < n ? scale[per_tensor ? 0 : col] : 0.f;
+    b[hi] = bias && col < n ? to_float(bias[col]) : 0.f;
+  }
+  asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' last wgmma retired
+  // matrix q of stmatrix x4: channels 8 (q % 2) + 0..7 of this warp, tokens 8 (2 jj + q / 2)
+  // + 0..7; lane 8 q + i gives the address of token row i
+  const int q = lane >> 3, i = lane & 7, c = 8 * wg + 2 * warp + (q & 1);
+#pragma unroll
+  for (int jj = 0; jj < BNX / 16; ++jj) {
+    uint32_t r[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int j = 2 * jj + (p >> 1), hi = p & 1;
+      r[p] = pack2<T>(d[4 * j + 2 * hi] * sc[hi] + b[hi], d[4 * j + 2 * hi + 1] * sc[hi] + b[hi]);
+    }
+    const int tk = 8 * (2 * jj + (q >> 1)) + i;
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                     stile + tk * 256 + ((c ^ (tk & 7)) << 4)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+  }
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + wg) : "memory");
+  const int tw = 32 * warp + lane;
+  const bool vec = n % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+#pragma unroll 1
+  for (int id = tw; id < BNX * 8; id += 128) {
+    const int tk = id >> 3, cc = 8 * wg + (id & 7), row = m0 + tk, col = cb0 + 8 * cc;
+    if (row >= m || col >= n) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(gtile + tk * 256 + ((cc ^ (tk & 7)) << 4));
+    T* dst = y + (int64_t)row * n + col;
+    if (vec) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint16_t h = (uint16_t)(w4[k >> 1] >> (16 * (k & 1)));
+        if (col + k < n) dst[k] = reinterpret_cast<const T&>(h);
+      }
+    }
+  }
+}
+
 // mbarrier ring of the large-M kernel (producer -> consumers "full", consumers -> producer
 // "empty"); a stage's phase parity flips each time the ring comes round
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -1208,10 +1281,14 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
   const int cb0 = cb * 128;
-  wg_finish<T, BNX>(d, a, cb0 + wg * 64 + 16 * warp + g, m0, t, m, n, scale, per_tensor, bias,
-                    ws == nullptr ? nullptr
-                                  : ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
-                    m0, cb0, 128, y);
+  static_assert(S * kX >= BNX * 256, "the output tile reuses the x ring");
+  if (ws == nullptr)
+    wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias, base,
+                          sbase, y);
+  else
+    wg_finish<T, BNX>(d, a, cb0 + wg * 64 + 16 * warp + g, m0, t, m, n, scale, per_tensor, bias,
+                      ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128, m0, cb0,
+                      128, y);
 #endif
 }
 
@@ -1410,7 +1487,8 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // (with K split up to 4 ways to get there, as wgmma_rs_plan does). Past a wave, the tiles
     // of the last, partial wave split 2 or 4 ways where K is long enough to repay the fp32
     // parts. Lab, eighth session (us, unsplit -> tail split 2 / 4): 4096 x 6144 M=1024 (192
-    // tiles) 95.8 -> 89.3 / 97.6; 4096 x 22016 M=1024 (688) 295.3 -> 284.7 / 274.8. Less than
+    // tiles) 95.8 -> 89.3 / 97.6; 4096 x 22016 M=1024 (688) 295.3 -> 284.7 / 274.8 (before the
+    // shared-memory epilogue). Less than
     // the rounds predict (65 for the first): the second launch and the fp32 sum are not free
     const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
