@@ -1487,9 +1487,9 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // (with K split up to 4 ways to get there, as wgmma_rs_plan does). Past a wave, the tiles
     // of the last, partial wave split 2 or 4 ways where K is long enough to repay the fp32
     // parts. Lab, eighth session (us, unsplit -> tail split 2 / 4): 4096 x 6144 M=1024 (192
-    // tiles) 95.8 -> 89.3 / 97.6; 4096 x 22016 M=1024 (688) 295.3 -> 284.7 / 274.8 (before the
-    // shared-memory epilogue). Less than
-    // the rounds predict (65 for the first): the second launch and the fp32 sum are not free
+    // tiles) 95.8 -> 89.3 / 97.6; 4096 x 22016 M=1024 (688) 295.3 -> 284.7 / 274.8 (both
+    // before the shared-memory epilogue). Less than the rounds predict (65 for the first): the
+    // second launch and the fp32 sum are not free
     const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
     while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
