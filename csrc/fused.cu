@@ -1127,9 +1127,14 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
     step(kt, a[0], a[1], q[1], q[0]);
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
-  wg_finish<T, BNX>(d, a, blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
-                    per_tensor, bias, ws == nullptr ? nullptr : ws + (int64_t)blockIdx.z * m * n,
-                    0, 0, n, y);
+  static_assert(NWG != 2 || S * kX >= BNX * 256, "the output tile reuses the x ring");
+  if (NWG == 2 && ws == nullptr)  // wg_store_tile's 128 channels are two warpgroups' 64
+    wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, blockIdx.y * 128, m, n, scale, per_tensor,
+                          bias, base, sbase, y);
+  else
+    wg_finish<T, BNX>(d, a, blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
+                      per_tensor, bias, ws == nullptr ? nullptr : ws + (int64_t)blockIdx.z * m * n,
+                      0, 0, n, y);
 #endif
 }
 
