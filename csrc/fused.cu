@@ -883,10 +883,11 @@ __device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur
   asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 
-// The end of both wgmma kernels: wait for the last wgmma, then write this thread's share of
-// the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens m0 + 8 j + 2 t + e:
-// scaled, plus the bias, into y; or, split K (part set), the fp32 part of (row, col) at
-// part[(row - r0) * ld + col - c0].
+// The end of both wgmma kernels under split K: wait for the last wgmma, then write this
+// thread's share of the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens
+// m0 + 8 j + 2 t + e: the scaled fp32 part of (row, col) at part[(row - r0) * ld + col - c0].
+// (Its y branch, scaled plus bias, is no longer reached: wg_store_tile writes every unsplit
+// tile since the eighth session. Dropping it changes the SASS, so it waits for a device run.)
 template <typename T, int BNX>
 __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][4][4], int ch0,
                                           int m0, int t, int m, int n, const float* scale,
