@@ -43,12 +43,12 @@ struct Variant {
   Launch run;
 };
 
-template <int NB, int NT, int ABL = 0, int S = 8>
+template <int NB, int NT, int ABL = 0, int S = 8, int XS = 0, bool SE = false>
 Launch decode(int nwarps) {
   return [=](const void* x, const uint8_t* w, const float* s, void* y, int64_t m, int64_t n,
              int64_t k, int sms, cudaStream_t st) {
-    return launch_decode<bf16, S, NB, NT, ABL>(x, k, w, s, nullptr, y, m, n, k, false, sms, st,
-                                               nwarps);
+    return launch_decode<bf16, S, NB, NT, ABL, XS, SE>(x, k, w, s, nullptr, y, m, n, k, false,
+                                                       sms, st, nwarps);
   };
 }
 
@@ -95,7 +95,7 @@ std::vector<Variant> variants() {
         CK(cudaMalloc(&ws, need * 4));
         cap = need;
       }
-      const int64_t tiles = (m + 255) / 256 * ((n + 127) / 128);
+      const int64_t tiles = (m + 255) / 256 * ((n + 127) / 128);  // (M <= 64: any BNX's)
       return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, tail ? tiles % sms : 0, ws,
                       st);
     };
@@ -108,6 +108,13 @@ std::vector<Variant> variants() {
   v.push_back({"wgbig-256-s6-k4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4)});
   v.push_back({"wgbig-256-s6-tail2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2, true)});
   v.push_back({"wgbig-256-s6-tail4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4, true)});
+  // 64 tokens a tile, for M 17-64 (tail: only M <= 64 counts tiles right)
+  v.push_back({"wgbig-64-s8", 1 << 20, big(launch_wgmma_big<bf16, 64, 8>)});
+  v.push_back({"wgbig-64-s12", 1 << 20, big(launch_wgmma_big<bf16, 64, 12>)});
+  v.push_back({"wgbig-64-s8-k2", 1 << 20, big(launch_wgmma_big<bf16, 64, 8>, 2)});
+  v.push_back({"wgbig-64-s8-k4", 1 << 20, big(launch_wgmma_big<bf16, 64, 8>, 4)});
+  v.push_back({"wgbig-64-s8-tail2", 64, big(launch_wgmma_big<bf16, 64, 8>, 2, true)});
+  v.push_back({"wgbig-64-s8-tail4", 64, big(launch_wgmma_big<bf16, 64, 8>, 4, true)});
   v.push_back({"gemm-mt1-half", 8, [](const void* x, const uint8_t* w, const float* s, void* y,
                                        int64_t m, int64_t n, int64_t k, int sms,
                                        cudaStream_t st) {
@@ -131,6 +138,15 @@ std::vector<Variant> variants() {
   v.push_back({"dec-s4-w16", 8, decode<1, 1, 0, 4>(16)});
   v.push_back({"dec-s2-w16", 8, decode<1, 1, 0, 2>(16)});
   v.push_back({"dec-s4-w4", 8, decode<1, 1, 0, 4>(4)});
+  // xs: x staged in shared memory first (xs2 always, xs1 where the launcher's rule lets it);
+  // se: the scales loaded early (the production decode: dx-nb1-xs1-se)
+  v.push_back({"dx-nb1", 8, decode<1, 1, 0, 4>(0)});
+  v.push_back({"dx-nb1-se", 8, decode<1, 1, 0, 4, 0, true>(0)});
+  v.push_back({"dx-nb1-xs2-se", 8, decode<1, 1, 0, 4, 2, true>(0)});
+  v.push_back({"dx-nb1-xs1-se", 8, decode<1, 1, 0, 4, 1, true>(0)});
+  v.push_back({"dx-nb2nt1-se", 16, decode<2, 1, 0, 4, 0, true>(0)});
+  v.push_back({"dx-nb2nt1-xs2-se", 16, decode<2, 1, 0, 4, 2, true>(0)});
+  v.push_back({"dx-nb2nt2-se", 16, decode<2, 2, 0, 4, 0, true>(4)});
   // M 17-256: fused_gemm_kernel (warps split K, x loaded for each n tile) against
   // fused_gemm_nt_kernel (NT n tiles a warp step share one x load; PF: next x prefetched)
   auto gemm = [](auto launcher) {

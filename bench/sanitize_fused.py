@@ -17,16 +17,21 @@ for dtype in (torch.bfloat16, torch.float16):
                        (12, 40, 8192, 0), (5, 70, 260, 64), (16, 70, 260, 64), (20, 33, 132, 0),
                        (40, 65, 516, 128),
                        (70, 31, 64, 0),
-                       # M 9-16: fused_gemm_kernel at 2 tiles an SM; two n tiles a warp
-                       # step at 4 tiles an SM, odd last tile
-                       (12, 2 * SMS * 32 + 8, 128, 0), (12, 4 * SMS * 32 + 8, 128, 0),
+                       # M <= 8 with x staged in shared memory, K of 13 tiles (warps of
+                       # unequal steps); M 9-16 past a wave: two n tiles a warp step, odd
+                       # last tile
+                       (3, 45, 832, 0), (12, 2 * SMS * 32 + 8, 128, 0),
+                       (12, 4 * SMS * 32 + 8, 128, 0),
                        # M 17-128 (two n tiles a warp step): odd tile count, ring wraps,
                        # K of one tile; group scale up to FUSED_MAX_M
                        (33, 389, 1000, 0), (128, 70, 260, 64), (80, 128 * SMS + 8, 128, 0),
-                       # M 65-128 on Hopper (wgmma, A in registers): K split 4 ways and
-                       # ragged N; K of one tile; 64 tokens a block, two row blocks
+                       # M 65-128 on Hopper, grids under half a wave (wgmma, A in
+                       # registers): K split 4 ways and ragged N; K of one tile
                        (128, 40, 4096, 0), (70, 300, 1024, 0), (100, 33, 64, 0),
-                       (100, 128 * SMS + 40, 128, 0),
+                       # M 33-128 on Hopper (TMA x, 64 / 128-token tiles): unsplit past a
+                       # wave, K split 2 ways, the tiles past a wave split (K of 32 tiles)
+                       (100, 128 * SMS + 40, 128, 0), (64, 128 * (SMS // 3), 2048, 0),
+                       (49, 128 * (SMS + 2) - 50, 2048, 0), (120, 128 * (SMS + 2) - 50, 2048, 0),
                        # M > 128 on Hopper (TMA x, 256 x 128 blocks, half a wave or more):
                        # ragged last row block and channel block, K of one tile and of 5
                        (300, 64 * SMS + 40, 320, 0), (129, 128 * SMS - 100, 64, 0),

@@ -602,7 +602,7 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
 // (wrong results): 1 the correction mma, 2 the decode (raw words go to the mma), 4 the
 // weight mma (decoded words are folded into one output), 8 the x loads, 16 all but the
 // launch, the tree sum and the stores.
-template <typename T, int S, int NB, int NT, int ABL = 0>
+template <typename T, int S, int NB, int NT, int ABL = 0, bool XS = false, bool SE = false>
 __global__ void __launch_bounds__(512, 1)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
@@ -623,35 +623,84 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     wt[j] = w + (int64_t)min(nt0 + j, nt_count - 1) * kt_count * 32 + lane;
   uint4* ring = reinterpret_cast<uint4*>(red + (nwarps >> 1) * kAcc * 32) + warp * S * NT * 32 +
                 lane;
-#pragma unroll
-  for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
-
   const uint4* xrow[NB];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
     xrow[nb] = 8 * nb + g < m && !(ABL & 8)
                    ? reinterpret_cast<const uint4*>(x + (int64_t)(8 * nb + g) * ldx)
                    : nullptr;
+  // XS: the block's x rows, all of K, are copied to shared memory ahead of the weight stream.
+  // Loaded a step or two ahead from global instead, x waited behind the weight tiles in the
+  // SM's load queue: at M = 1 that wait was 22 % of the warp samples, and loading two steps
+  // ahead left it there (bench/NOTES.md, ninth session). A lane copies, and later reads, its
+  // own 32 bytes of each of its warp's steps: rows 8 nb + g, k 16 t .. 16 t + 15.
+  const int spw = (kt_count + nwarps - 1) / nwarps;
+  uint4* const xs = ring - lane + (nwarps - warp) * S * NT * 32 + warp * spw * m * 8 + 2 * t;
+  if (XS) {
+    for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        if (xrow[nb]) {
+          uint4* d = xs + (i * m + 8 * nb + g) * 8;
+          const uint4* src = xrow[nb] + kt * (kTileK / 8) + 2 * t;
+          cp_async16(d, src);
+          cp_async16(d + 1, src + 1);
+        }
+  }
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
+  // SE: warp 0's store loop reads a scale a channel; loaded only there, each is a DRAM round
+  // trip at the end of the block (8-15 % of the warp samples at M = 1 and 16)
+  float se[NT][2][2];
+  if (SE && warp == 0) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb)
+#pragma unroll
+        for (int eh = 0; eh < 2; ++eh) {
+          const int col = (nt0 + j) * kTileN + 16 * hb + g + 8 * eh;
+          se[j][hb][eh] = col < n ? __ldg(per_tensor ? scale : scale + col) : 0.f;
+        }
+  }
   uint32_t sink = 0;
   float acc[NT][2][NB][4], corr[NB][4];
   zero(acc);
   zero(corr);
   uint32_t xb[NB][8];
+  if (!XS) {
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
-    load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
+    for (int nb = 0; nb < NB; ++nb)
+      load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
+  }
 
   for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
     ring_issue(ring, (i + S - 1) % S, wt, kt + (S - 1) * nwarps, kt_count);
-    // the next step's x, in flight while this one decodes
+    // the next step's x, in flight while this one decodes (or this step's, from shared memory)
     uint32_t xn[NB][8];
-    const int kx = kt + nwarps;
+    if (XS) {
+      cp_async_wait<S - 1>();  // the first step's group holds all of this lane's x
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-      load_x16(xn[nb], kx < kt_count ? xrow[nb] : nullptr, kx * kTileK + t * 16);
+      for (int nb = 0; nb < NB; ++nb) {
+        if (xrow[nb]) {
+          const uint4* sx = xs + (i * m + 8 * nb + g) * 8;
+          const uint4 v0 = sx[0], v1 = sx[1];
+          xb[nb][0] = v0.x; xb[nb][1] = v0.y; xb[nb][2] = v0.z; xb[nb][3] = v0.w;
+          xb[nb][4] = v1.x; xb[nb][5] = v1.y; xb[nb][6] = v1.z; xb[nb][7] = v1.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) xb[nb][e] = 0;
+        }
+      }
+    } else {
+      const int kx = kt + nwarps;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        load_x16(xn[nb], kx < kt_count ? xrow[nb] : nullptr, kx * kTileK + t * 16);
+    }
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) prescale_x<T>(xb[nb]);
-    cp_async_wait<S - 1>();
+    if (!XS) cp_async_wait<S - 1>();
     uint4 q[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) q[j] = ring[((i % S) * NT + j) * 32];
@@ -685,10 +734,12 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
         }
       }
     }
+    if (!XS) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) xb[nb][e] = xn[nb][e];
+        for (int e = 0; e < 8; ++e) xb[nb][e] = xn[nb][e];
+    }
   }
   cp_async_wait<0>();
   if (ABL & 4) acc[0][0][0][0] += (float)(sink & 1);
@@ -718,7 +769,8 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
         for (int hb = 0; hb < 2; ++hb) {
           const int col = (nt0 + j) * kTileN + 16 * hb + g + 8 * (e >> 1);
           if (col >= n) continue;
-          const float s = Dec<T>::kUnscale * (per_tensor ? scale[0] : scale[col]);
+          const float s = Dec<T>::kUnscale *
+                          (SE ? se[j][hb][e >> 1] : per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
           y[(int64_t)row * n + col] = from_float<T>(acc[j][hb][nb][e] * s + b);
         }
@@ -729,7 +781,12 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 // every warp keeps S tiles to stream; nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
 // (Lab, M = 1, S = 4: this picks 4 warps on 4096 x 22016, 8 on 4096 x 12288 and 16 on
 // 4096 x 4096, each the fastest of 4, 8 and 16 there or within 0.4 us of it.)
-template <typename T, int S, int NB, int NT, int ABL = 0>
+// XS: 0 x from global, 2 x staged in shared memory (fused_decode_kernel), 1 staged where the
+// block's x is at most 32 KB and the grid at most two blocks an SM. Lab, ninth session (H200,
+// us, SE on): staged against not, M = 1: 11008 x 4096 8.41 / 8.76, 4096 x 6144 7.01 / 8.57,
+// 4096 x 4096 5.29 / 5.30, but 4096 x 22016 (six blocks an SM) 15.39 / 14.50; M = 4:
+// 4096 x 6144 (32 KB) 7.30 / 8.78, 4096 x 12288 (three blocks an SM) 10.40 / 9.08.
+template <typename T, int S, int NB, int NT, int ABL = 0, int XS = 0, bool SE = false>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0) {
@@ -748,13 +805,20 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   constexpr int kAcc = NT * 2 * NB * 4;
   const size_t smem = sizeof(float) * (nwarps / 2) * kAcc * 32 +
                       (size_t)nwarps * S * NT * kTileBytes;
-  auto kernel = fused_decode_kernel<T, S, NB, NT, ABL>;
-  if (smem > 48 * 1024) {
+  const int64_t spw = (kt_count + nwarps - 1) / nwarps;
+  const size_t xs_bytes = (size_t)nwarps * spw * m * 128;
+  const int64_t per_sm = (blocks + num_sms - 1) / num_sms;
+  const bool xs = XS == 2 || (XS == 1 && xs_bytes <= 32 * 1024 && per_sm <= 2);
+  auto kernel = xs ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE>
+                   : fused_decode_kernel<T, S, NB, NT, ABL, false, SE>;
+  const size_t bytes = smem + (xs ? xs_bytes : 0);
+  if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // (forced staging, lab only)
+  if (bytes > 48 * 1024) {
     const cudaError_t e =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess) return e;
   }
-  kernel<<<(unsigned)blocks, nwarps * 32, smem, stream>>>(
+  kernel<<<(unsigned)blocks, nwarps * 32, bytes, stream>>>(
       (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
       (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
   return cudaGetLastError();
@@ -1178,7 +1242,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
                        int m, int n, int kt_total, int nt_count, bool per_tensor, int tile0,
                        int row_blocks, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(S >= 3 && (BNX == 128 || BNX == 256), "ring and tile");
+  static_assert(S >= 3 && (BNX == 64 || BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -1358,6 +1422,7 @@ bool x_tensor_map(CUtensorMap* map, const void* x, int64_t ldx, int64_t m, int64
 }
 
 constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (lab, seventh session)
+constexpr int kBigMinM = 32;  // M above this on Hopper may take wgmma_big (pick_route)
 
 // The fp32 floats launch_wgmma_big's split parts take: `splits` parts of `split_tiles` tiles
 int64_t wgmma_big_workspace_floats(int splits, int64_t split_tiles, int bnx) {
@@ -1431,11 +1496,11 @@ bool wgmma_rs_compiled() {
   return v == 2;
 }
 
-// The route's choice (bench/NOTES.md, fifth session, kernel_lab on the H200): 64 tokens a
-// block where the channel blocks alone fill the GPU (4096 x 22016: 76.7 against 89.0 us at
-// M = 128), else 128 tokens with K split until the grid is about one wave (11008 x 4096: 36.3
-// against 47.3). Below M = 97 it pays only where K is split (the 64-token kernel re-decodes
-// the weights for the second 64 rows; a 128-token block without a split is one long chain).
+// The route's choice (bench/NOTES.md, fifth session, kernel_lab on the H200): 128 tokens with
+// K split until the grid is about one wave (11008 x 4096: 36.3 against 47.3 us at M = 128).
+// Below M = 97 it pays only where K is split (a 128-token block without a split is one long
+// chain). Since the ninth session pick_route gives it only grids that wgmma_big cannot make
+// half a wave of; the channel blocks alone never fill the GPU here.
 struct WgmmaRsPlan {
   int bnx = 0;  // 0: not this route
   int splits = 1;
@@ -1445,10 +1510,7 @@ WgmmaRsPlan wgmma_rs_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, i
   WgmmaRsPlan p;
   if (group_size != 0 || m < 65 || m > 128 || k < kTileK || !wgmma_rs_compiled()) return p;
   const int64_t nb = (n + 127) / 128, kt = k / kTileK;
-  if (nb >= num_sms) {
-    if (m >= 97) p.bnx = 64;
-    return p;
-  }
+  if (nb >= num_sms) return p;  // (wgmma_big's)
   int s = 1;
   while (s < 4 && nb * s * 2 <= num_sms && kt >= s * 2) s *= 2;
   if (m >= 97 || s >= 2) {
@@ -1465,11 +1527,10 @@ enum class FusedKernel {
   kGroupHalf,   // group scales, M <= 8: fused_gemm without the zero half of the A fragments
   kGroup,       // group scales: fused_gemm, one m16 tile a block
   kDecode,      // M <= 8: the decode kernel, one n tile a step
-  kDecodeWide,  // M 9-16 where the grid has >= 4 blocks an SM: two n tiles a step, 4 warps
+  kDecodeWide,  // M 9-16 where the grid has more blocks than SMs: two n tiles a step, 4 warps
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
-  kGemm,        // M 9-16 in between: fused_gemm
-  kWgmmaRs,     // Hopper, M 65-128 (wgmma_rs_plan)
-  kWgmmaBig,    // Hopper, M > 128 where the 256 x 128 blocks make at least a wave (TMA x)
+  kWgmmaRs,     // Hopper, M 65-128 where wgmma_big's grid is under half a wave (wgmma_rs_plan)
+  kWgmmaBig,    // Hopper, M > 32 where its 64/128/256 x 128 tiles make half a wave (TMA x)
   kGemmNt,      // M 17-128 otherwise (and M > 128 elsewhere): one m16 tile, two n tiles a step
 };
 struct FusedRoute {
@@ -1481,11 +1542,9 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
   if (m <= 8) return {FusedKernel::kDecode, {}};
   if (m <= 16) {
     const int64_t tiles = (n + kTileN - 1) / kTileN;
-    if (tiles >= 4 * (int64_t)num_sms) return {FusedKernel::kDecodeWide, {}};
-    if (tiles <= num_sms) return {FusedKernel::kDecodeNt2, {}};
-    return {FusedKernel::kGemm, {}};
+    return {tiles <= num_sms ? FusedKernel::kDecodeNt2 : FusedKernel::kDecodeWide, {}};
   }
-  if (m > 128) {
+  if (m > kBigMinM) {
     // lab (seventh session): 4096 x 22016 M=256 (172 blocks) 96 us against the dequantize
     // route's 146, 11008 x 4096 M=1024 (128 blocks) 117 against 159; a block's time hardly
     // depends on the grid below a wave, so 32 blocks (N=4096, M=256) lose (115 against 83):
@@ -1495,22 +1554,29 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // parts. Lab, eighth session (us, unsplit -> tail split 2 / 4): 4096 x 6144 M=1024 (192
     // tiles) 95.8 -> 89.3 / 97.6; 4096 x 22016 M=1024 (688) 295.3 -> 284.7 / 274.8 (both
     // before the shared-memory epilogue). Less than the rounds predict (65 for the first): the
-    // second launch and the fp32 sum are not free
-    const int64_t blocks = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128), kt = k / kTileK;
+    // second launch and the fp32 sum are not free.
+    // M <= 128 takes tiles of 64 or 128 tokens (ninth session, lab at M = 64, us, against
+    // fused_gemm_nt): 4096 x 22016 41.0 (tail split 2) / 49.3, 11008 x 4096 20.1 (split 4) /
+    // 25.4, 4096 x 4096 11.7 / 13.1, 4096 x 12288 24.0 / 30.9, 4096 x 6144 17.3 / 16.9.
+    const int bnx = m <= 64 ? 64 : m <= 128 ? 128 : kBigRows;
+    const int64_t blocks = (m + bnx - 1) / bnx * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
     while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
-    if (2 * blocks * s >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
+    // (at M <= 48 fused_gemm_nt keeps grids past a wave: 4096 x 22016, 172 tiles, M = 40
+    // 37.1 us against 40.3)
+    const bool second_round = m <= 48 && blocks > num_sms;
+    if (2 * blocks * s >= num_sms && !second_round && k >= kTileK && wgmma_rs_compiled() &&
         tensor_map_encoder() != nullptr) {
-      WgmmaRsPlan p{kBigRows, s, 0};
+      WgmmaRsPlan p{bnx, s, 0};
       const int64_t rest = blocks % num_sms;
       if (blocks > num_sms && rest > 0 && kt >= 32) {
         int ts = 1;
         while (ts < 4 && rest * ts * 2 <= num_sms) ts *= 2;
-        if (ts > 1) p = {kBigRows, ts, rest};
+        if (ts > 1) p = {bnx, ts, rest};
       }
       return {FusedKernel::kWgmmaBig, p};
     }
-    return {FusedKernel::kGemmNt, {}};
+    if (m > 128) return {FusedKernel::kGemmNt, {}};
   }
   const WgmmaRsPlan plan = wgmma_rs_plan(m, n, k, group_size, num_sms);
   if (plan.bnx) return {FusedKernel::kWgmmaRs, plan};
@@ -1568,29 +1634,35 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     // step wins at M <= 8 on every shape, with a 4-tile ring (fourth session: 14.2 against
     // 14.5 us on 4096 x 22016, 5.5 against 5.8 on 4096 x 4096). At M <= 16 it wins where the
     // grid is one block an SM (11008 x 4096: 12.3 us against 17.7) and, with two n tiles a
-    // step and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8); in between
-    // its 94-register blocks need a second wave (4096 x 12288: 15.9 against 13.7), so
-    // fused_gemm_kernel keeps that range. A 4-tile ring beats 8 at M = 16 too (fourth
-    // session: 17.4 against 18.3 us on 4096 x 22016, 11.3 against 12.2 on 11008 x 4096).
+    // step and 4 warps, where it has 4 or more (4096 x 22016: 18.4 against 21.8). A 4-tile
+    // ring beats 8 at M = 16 too (fourth session: 17.4 against 18.3 us on 4096 x 22016, 11.3
+    // against 12.2 on 11008 x 4096).
+    // Ninth session (lab, us, old route -> this one, same call): the scales loaded early (SE)
+    // and x staged where it fits (XS), M = 1 / 4: 4096 x 22016 13.78 / 14.02 -> 13.31 / 13.47,
+    // 11008 x 4096 8.89 / 9.07 -> 8.18 / 8.61, 4096 x 6144 7.47 / 7.70 -> 6.87 / 7.19,
+    // 4096 x 4096 5.50 / 5.68 -> 5.15 / 5.29 (4096 x 6144 at M = 8, not staged: 7.77 ->
+    // 8.41). With SE the two-n-tile kernel also beats fused_gemm_kernel between one and four
+    // blocks an SM, M = 16: 4096 x 6144 9.51 against 10.03, 4096 x 12288 12.03 against 13.65;
+    // SE at M = 16: 11008 x 4096 10.60 against 11.33, 4096 x 22016 16.13 against 17.44.
     case FusedKernel::kDecode:
-      return launch_decode<T, 4, 1, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                       num_sms, stream);
+      return launch_decode<T, 4, 1, 1, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream);
     case FusedKernel::kDecodeWide:
-      return launch_decode<T, 4, 2, 2>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                       num_sms, stream, 4);
+      return launch_decode<T, 4, 2, 2, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream, 4);
     case FusedKernel::kDecodeNt2:
-      return launch_decode<T, 4, 2, 1>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                       num_sms, stream);
-    case FusedKernel::kGemm:
-      return launch_fused<T, 1, 8, false>(x, ldx, repacked, scale, bias, y, m, n, k, group_size,
-                                          per_tensor, num_sms, stream);
+      return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream);
     case FusedKernel::kWgmmaRs:
-      if (r.wg.bnx == 64)
-        return launch_wgmma_rs<T, 64>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                      r.wg.splits, workspace, stream);
       return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      r.wg.splits, workspace, stream);
-    case FusedKernel::kWgmmaBig:
+    case FusedKernel::kWgmmaBig:  // (8 stages at 64 and 128 tokens: lab, ninth session)
+      if (r.wg.bnx == 64)
+        return launch_wgmma_big<T, 64, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                          r.wg.splits, r.wg.tail, workspace, stream);
+      if (r.wg.bnx == 128)
+        return launch_wgmma_big<T, 128, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
+                                           r.wg.splits, r.wg.tail, workspace, stream);
       return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                        per_tensor, r.wg.splits, r.wg.tail,
                                                        workspace, stream);
@@ -1745,8 +1817,8 @@ int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t gro
   if (m == 0 || n == 0) return 0;
   const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
   if (r.kernel == FusedKernel::kWgmmaBig) {
-    const int64_t tiles = (m + kBigRows - 1) / kBigRows * ((n + 127) / 128);
-    return wgmma_big_workspace_floats(r.wg.splits, r.wg.tail ? r.wg.tail : tiles, kBigRows);
+    const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
+    return wgmma_big_workspace_floats(r.wg.splits, r.wg.tail ? r.wg.tail : tiles, r.wg.bnx);
   }
   return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
 }
@@ -1755,8 +1827,7 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
   const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
   switch (r.kernel) {
     case FusedKernel::kGroupHalf: return "fused_gemm_half";
-    case FusedKernel::kGroup:
-    case FusedKernel::kGemm: return "fused_gemm";
+    case FusedKernel::kGroup: return "fused_gemm";
     case FusedKernel::kDecode:
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2: return "decode";

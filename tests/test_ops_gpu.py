@@ -334,13 +334,15 @@ def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
 def test_decode_kernel_every_warp_count_and_scale(m):
     """fused_decode_kernel (M <= 8: one batch block, M <= 16: two): 4, 8 and 16 warps a block
     (K 8192 with few tiles of N gives 16), channel and tensor scale, ragged N, bias, against
-    float64. The last two N route M > 8 (csrc/fused.cu, launch_fused_typed): 2 tiles an SM
-    to fused_gemm_kernel, 4 tiles an SM and 8 more channels to two n tiles a warp step with
-    the odd last tile."""
+    float64. At M <= 8 the first four N stage x in shared memory where it fits (csrc/fused.cu,
+    launch_decode: 32 KB a block, two blocks an SM; K of 13 tiles leaves the warps unequal
+    steps), the last two (three blocks an SM) do not. At M > 8 (launch_fused_typed) more tiles
+    than SMs take two n tiles a warp step, with an odd last tile here."""
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k, mode in ((45, 196, "channel"), (33, 8192, "tensor"), (700, 4096, "channel"),
-                       (2 * sms * 32 + 8, 128, "tensor"), (4 * sms * 32 + 8, 128, "channel")):
+    for n, k, mode in ((45, 196, "channel"), (45, 832, "tensor"), (33, 8192, "tensor"),
+                       (700, 4096, "channel"), (2 * sms * 32 + 8, 128, "tensor"),
+                       (4 * sms * 32 + 8, 128, "channel")):
         codes, scale = _weights(n, k, mode, 0)
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
@@ -369,25 +371,35 @@ def _hopper_route_expected() -> bool:
     return torch.cuda.get_device_capability(0) == (9, 0) and "9.0a" in str(info.get("arch_list"))
 
 
-@pytest.mark.parametrize("m", [65, 97, 100, 128])
-def test_wgmma_rs_route_matches_float64(m):
-    """M 65-128 on Hopper: wgmma with the decoded weights in registers (csrc/fused.cu). Every
-    variant of its plan: 64 tokens a block where the channel blocks fill the GPU (M >= 97,
-    two row blocks, ragged last one), 128 tokens with K split 4 or 2 ways (ragged N inside a
-    block), unsplit, and K of one tile (no split possible); channel and tensor scale, bias,
-    both dtypes, against float64. Elsewhere the same calls take fused_gemm_nt."""
+@pytest.mark.parametrize("m", [33, 40, 49, 64, 65, 97, 100, 128])
+def test_mid_m_routes_match_float64(m):
+    """M 33-128 on Hopper (csrc/fused.cu, pick_route): wgmma_big with 64-token tiles to
+    M = 64 and 128-token tiles above, where its grid (K split 2 or 4 ways to get there) makes
+    half a wave: unsplit, split, and the tiles of a partial last wave split; at M <= 48 a
+    grid past a wave keeps fused_gemm_nt. Grids under half a wave keep wgmma_rs (M 65-128:
+    128 tokens with K split, or unsplit 64/128-token blocks at M >= 97) or fused_gemm_nt.
+    Ragged N inside a block, K of one tile, channel and tensor scale, bias, both dtypes,
+    against float64."""
     from ternary import _ext
 
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hopper = _hopper_route_expected()
-    unsplit = "wgmma_rs" if m >= 97 else "fused_gemm_nt"
+    small = "wgmma_rs" if m >= 97 else "fused_gemm_nt"  # one 128-channel block, K of one tile
     cases = (  # n, k, mode, dtype, route on Hopper
-        (128 * sms + 40, 1000, "channel", torch.bfloat16, unsplit),
-        (300, 4096, "tensor", torch.float16, "wgmma_rs_splitk"),
-        (128 * (sms // 3), 2048, "channel", torch.bfloat16, "wgmma_rs_splitk"),
-        (128 * (3 * sms // 4) + 5, 704, "channel", torch.float16, unsplit),
-        (77, 64, "channel", torch.bfloat16, unsplit),
+        # one block past a wave, 16 k tiles (too few to split the last wave)
+        (128 * sms + 40, 1000, "channel", torch.bfloat16,
+         "fused_gemm_nt" if m <= 48 else "wgmma_big"),
+        # 3 blocks: even split 4 ways they make no half wave
+        (300, 4096, "tensor", torch.float16, "wgmma_rs_splitk" if m >= 65 else "fused_gemm_nt"),
+        # a third of a wave: split 2 ways
+        (128 * (sms // 3), 2048, "channel", torch.bfloat16, "wgmma_big_splitk"),
+        # three quarters of a wave and a ragged block: unsplit
+        (128 * (3 * sms // 4) + 5, 704, "channel", torch.float16, "wgmma_big"),
+        (77, 64, "channel", torch.bfloat16, small),
+        # a wave and two blocks, 32 k tiles: the last two split 4 ways
+        (128 * (sms + 2) - 50, 2048, "tensor", torch.bfloat16,
+         "fused_gemm_nt" if m <= 48 else "wgmma_big_tail"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
@@ -449,12 +461,13 @@ def test_wgmma_big_route_matches_float64(m):
 
 
 def test_fused_route_outside_the_hopper_range():
-    """The Hopper route takes M 65-128 with channel or tensor scale only; a bad size is
+    """The Hopper routes take M > 32 with channel or tensor scale only; a bad size is
     refused with its value."""
     from ternary import _ext
 
     assert _ext.fused_route(1, 4096, 4096, 0, 0) == "decode"
-    assert _ext.fused_route(64, 4096, 4096, 0, 0) == "fused_gemm_nt"
+    assert _ext.fused_route(16, 4096, 4096, 0, 0) == "decode"
+    assert _ext.fused_route(32, 4096, 4096, 0, 0) == "fused_gemm_nt"
     assert _ext.fused_route(100, 4096, 4096, 128, 0) == "fused_gemm"
     # (the first version of this check streamed the integers into TORCH_CHECK's message and
     # killed the interpreter on the H200 image: bench/h200/probe/pybind_throw.py)
@@ -463,7 +476,9 @@ def test_fused_route_outside_the_hopper_range():
     with pytest.raises(RuntimeError, match="device=99"):
         _ext.fused_route(1, 4096, 4096, 0, 99)
     if _hopper_route_expected():
-        assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_rs_splitk"
+        assert _ext.fused_route(64, 4096, 4096, 0, 0) == "wgmma_big_splitk"  # 32 blocks x 4
+        assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_big_splitk"
+        assert _ext.fused_route(128, 512, 4096, 0, 0) == "wgmma_rs_splitk"  # 4 blocks
         assert _ext.fused_route(1024, 4096, 4096, 0, 0) == "wgmma_big"
         assert _ext.fused_route(256, 4096, 4096, 0, 0) == "wgmma_big_splitk"  # 32 blocks x 4
         assert _ext.fused_route(256, 1024, 4096, 0, 0) == "fused_gemm_nt"  # 8 blocks
