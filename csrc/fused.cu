@@ -146,6 +146,24 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// The wgmma kernels' weight rings: each consumer thread cp.asyncs its own 16-byte piece of
+// k tile kt (one commit group a tile, empty past `count`) into slot kt % DEPTH of a ring of
+// STRIDE pieces a slot at shared address ring (generic pointer ring_g), and reads it back
+// after its group wait.
+template <int DEPTH, int STRIDE>
+__device__ __forceinline__ void raw_issue(uint32_t ring, int tid, const uint4* src, int kt,
+                                          int count) {
+  if (kt < count)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring + ((kt % DEPTH) * STRIDE + tid) * 16),
+                 "l"(src + (int64_t)kt * 32));
+  cp_async_commit();
+}
+template <int DEPTH, int STRIDE>
+__device__ __forceinline__ uint4 raw_piece(const uint8_t* ring_g, int tid, int kt, int count) {
+  return kt < count ? *reinterpret_cast<const uint4*>(ring_g + ((kt % DEPTH) * STRIDE + tid) * 16)
+                    : make_uint4(0, 0, 0, 0);
+}
+
 // 16 consecutive elements of one x row (two 16-byte loads), or zeros for a row past M
 // (row == nullptr). The host pads x to whole 64-wide tiles and 16-byte aligned rows, so no
 // K bound is checked here.
@@ -947,16 +965,14 @@ __device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur
   asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 
-// wgmma_rs's end under split K (wgmma_big's is wg_store_part): wait for the last wgmma, then
-// write this thread's share of the warp's m64nBNX accumulators. Channels ch0 and ch0 + 8, tokens
-// m0 + 8 j + 2 t + e: the scaled fp32 part of (row, col) at part[(row - r0) * ld + col - c0].
-// (Its y branch, scaled plus bias, is no longer reached: wg_store_tile writes every unsplit
-// tile since the eighth session. Dropping it changes the SASS, so it waits for a device run.)
-template <typename T, int BNX>
+// wgmma_rs's end under split K (wgmma_big's is wg_store_part; whole tiles leave through
+// wg_store_tile): wait for the last wgmma, then write this thread's share of the warp's
+// m64nBNX accumulators, scaled, into its split's fp32 part [m][n] of the workspace. Channels
+// ch0 and ch0 + 8, tokens m0 + 8 j + 2 t + e.
+template <int BNX>
 __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][4][4], int ch0,
                                           int m0, int t, int m, int n, const float* scale,
-                                          bool per_tensor, const T* bias, float* part, int r0,
-                                          int c0, int ld, T* y) {
+                                          bool per_tensor, float* part) {
   cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
@@ -967,16 +983,12 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
     const int col = ch0 + 8 * hi;
     if (col >= n) continue;
     const float sc = per_tensor ? scale[0] : scale[col];
-    const float b = bias && part == nullptr ? to_float(bias[col]) : 0.f;
 #pragma unroll
     for (int j = 0; j < BNX / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int row = m0 + 8 * j + 2 * t + e;
-        if (row >= m) continue;
-        const float v = d[4 * j + 2 * hi + e] * sc;
-        if (part != nullptr) part[(int64_t)(row - r0) * ld + col - c0] = v;  // split K's part
-        else y[(int64_t)row * n + col] = from_float<T>(v + b);
+        if (row < m) part[(int64_t)row * n + col] = d[4 * j + 2 * hi + e] * sc;
       }
   }
 }
@@ -1151,16 +1163,8 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
       }
     }
   };
-  auto rawload = [&](int kt) {
-    if (kt < kt_count)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(raw0 + ((kt % S) * kT + tid) * 16),
-                   "l"(wt + (int64_t)kt * 32));
-    cp_async_commit();
-  };
-  auto rawread = [&](int kt) {  // this thread's own piece, after its group wait
-    return kt < kt_count ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % S) * kT + tid) * 16)
-                         : make_uint4(0, 0, 0, 0);
-  };
+  auto rawload = [&](int kt) { raw_issue<S, kT>(raw0, tid, wt, kt, kt_count); };
+  auto rawread = [&](int kt) { return raw_piece<S, kT>(sbase + S * kX, tid, kt, kt_count); };
   auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
     const uint32_t word[4] = {q.x >> (4 * flo), q.y >> (4 * flo), q.z >> (4 * flo), q.w >> (4 * flo)};
 #pragma unroll
@@ -1217,14 +1221,14 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
     step(kt, a[0], a[1], q[1], q[0]);
     if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
   }
-  static_assert(NWG != 2 || S * kX >= BNX * 256, "the output tile reuses the x ring");
-  if (NWG == 2 && ws == nullptr)  // wg_store_tile's 128 channels are two warpgroups' 64
+  // wg_store_tile's 128 channels are the two warpgroups' 64
+  static_assert(NWG == 2 && S * kX >= BNX * 256, "the output tile reuses the x ring");
+  if (ws == nullptr)
     wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, blockIdx.y * 128, m, n, scale, per_tensor,
                           bias, base, sbase, y);
   else
-    wg_finish<T, BNX>(d, a, blockIdx.y * 64 * NWG + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
-                      per_tensor, bias, ws == nullptr ? nullptr : ws + (int64_t)blockIdx.z * m * n,
-                      0, 0, n, y);
+    wg_finish<BNX>(d, a, blockIdx.y * 128 + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
+                   per_tensor, ws + (int64_t)blockIdx.z * m * n);
 #endif
 }
 
@@ -1311,16 +1315,8 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   const int tile = cb * 4 + wg * 2 + (warp >> 1);
   const int flo = 2 * (warp & 1);  // this warp's channels 8 f + g, f = flo, flo + 1
   const uint4* wt = w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
-  auto rawload = [&](int kt) {
-    if (kt < kt_count)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(raw0 + ((kt % kRR) * kC + tid) * 16),
-                   "l"(wt + (int64_t)kt * 32));
-    cp_async_commit();
-  };
-  auto rawread = [&](int kt) {  // this thread's own piece, after its group wait
-    return kt < kt_count ? *reinterpret_cast<const uint4*>(sbase + S * kX + ((kt % kRR) * kC + tid) * 16)
-                         : make_uint4(0, 0, 0, 0);
-  };
+  auto rawload = [&](int kt) { raw_issue<kRR, kC>(raw0, tid, wt, kt, kt_count); };
+  auto rawread = [&](int kt) { return raw_piece<kRR, kC>(sbase + S * kX, tid, kt, kt_count); };
   // prmt picks bytes flo / 2 (h = 0) and 2 + flo / 2 (h = 1) of the k-half-0 word A and the
   // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
   const uint32_t fb = flo >> 1, sel = fb | ((4 + fb) << 4) | ((2 + fb) << 8) | ((6 + fb) << 12);
