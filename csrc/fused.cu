@@ -37,6 +37,9 @@ namespace {
 constexpr int kTileN = 32;
 constexpr int kTileK = 64;
 constexpr int kTileBytes = 512;
+// wgmma_big's consumer threads (two warpgroups of 64 channels each): the kernel, its split-K
+// part layout (wg_store_part) and wgmma_big_finish_kernel
+constexpr int kBigConsumers = 256;
 
 __global__ void repack_kernel(const uint8_t* __restrict__ packed, uint8_t* __restrict__ out,
                               int64_t n, int64_t k, int64_t kt_count, int64_t total) {
@@ -994,9 +997,9 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
 }
 
 // wgmma_big's split-K part of a tile, in the accumulators' own order: thread tid's
-// d[4 j .. 4 j + 3], scaled, is float4 j * 256 + tid of the tile's BNX x 128 floats, so each
-// warp store writes 512 whole bytes (wgmma_big_finish_kernel maps them back to tokens and
-// channels). Written element by element at their (token, channel) places instead, the parts
+// d[4 j .. 4 j + 3], scaled, is float4 j * kBigConsumers + tid of the tile's BNX x 128
+// floats, so each warp store writes 512 whole bytes (wgmma_big_finish_kernel maps them back
+// to tokens and channels). Written element by element at their (token, channel) places instead, the parts
 // took 18.6 % of the warp samples at M = 64 with K split 4 (ncu, ninth session).
 template <int BNX>
 __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
@@ -1014,8 +1017,8 @@ __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)
   float4* p4 = reinterpret_cast<float4*>(part) + tid;
 #pragma unroll
   for (int j = 0; j < BNX / 8; ++j)
-    p4[j * 256] = make_float4(d[4 * j] * sc[0], d[4 * j + 1] * sc[0], d[4 * j + 2] * sc[1],
-                              d[4 * j + 3] * sc[1]);
+    p4[j * kBigConsumers] = make_float4(d[4 * j] * sc[0], d[4 * j + 1] * sc[0],
+                                        d[4 * j + 2] * sc[1], d[4 * j + 3] * sc[1]);
 }
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -1272,7 +1275,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
                        int row_blocks, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3 && (BNX == 64 || BNX == 128 || BNX == 256), "ring and tile");
-  constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = 256;  // kC consumer threads
+  constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = kBigConsumers;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (sraw + 1023) & ~1023u;  // the 128-byte swizzle repeats every 1024
@@ -1393,7 +1396,8 @@ __global__ void wgmma_big_finish_kernel(const float* __restrict__ ws, const T* _
   constexpr int64_t kPer4 = (int64_t)BNX * 128 / 4;
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   if (i >= tiles * kPer4) return;
-  const int b = (int)(i / kPer4), q = (int)(i % kPer4), j = q >> 8, tid = q & 255;
+  const int b = (int)(i / kPer4), q = (int)(i % kPer4), j = q / kBigConsumers,
+            tid = q % kBigConsumers;
   const int lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int tl = tile0 + b;
   const int row0 = (tl % row_blocks) * BNX + 8 * j + 2 * t;
