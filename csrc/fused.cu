@@ -895,13 +895,19 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t
   return d;
 }
 // wgmma shared-memory descriptor: 128-byte swizzle (layout type 1), LBO unused (1), SBO 1024
-// (8 rows of 128 bytes)
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
+// (8 rows of 128 bytes). Kept as its low word (start address >> 4 in bits 0-13, LBO) and a
+// constant high word: shared addresses stay under 256 KB, so a k16 step or a ring stage is an
+// add to the low word with no carry out of the start field. (Rebuilt from the address before
+// each wgmma, the descriptors were 24 of the 148 instructions a warp ran per k tile at 64
+// tokens; ncu, ninth session.)
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
+  return ((saddr & 0x3FFFF) >> 4) | (1u << 16);
 }
-// a k16 step's start inside a 64-wide, 128-byte swizzled k tile
-__host__ __device__ constexpr int wg_step(int s) { return s * 32; }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) {
+  return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | lo;
+}
+// a k16 step inside a 64-wide, 128-byte swizzled k tile: 32 bytes, in descriptor units
+constexpr uint32_t kWgStepLo = 32 >> 4;
 
 // wgmma m64nNk16 with A from registers (a0..a3: the m16n8k16 A fragment of the warp's 16
 // rows) and B from shared memory (descriptor), D += A B in fp32 registers
@@ -954,16 +960,16 @@ template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// One k tile of both wgmma kernels: the four k16 steps of A (registers) against the x stage at
-// shared address `stage`, committed as one group; returns once the previous group retired
-// (this one stays in flight while the caller decodes the next A).
+// One k tile of both wgmma kernels: the four k16 steps of A (registers) against the x stage
+// whose descriptor low word is stage_lo, committed as one group; returns once the previous
+// group retired (this one stays in flight while the caller decodes the next A).
 template <typename T, int BNX>
 __device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur)[4][4],
-                                            uint32_t stage) {
+                                            uint32_t stage_lo) {
   wg_pin(d);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int s = 0; s < 4; ++s) WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(stage + wg_step(s)));
+  for (int s = 0; s < 4; ++s) WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(stage_lo + kWgStepLo * s));
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
@@ -1123,7 +1129,7 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (sraw + 1023) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - sraw);
-  const uint32_t raw0 = base + S * kX;
+  const uint32_t raw0 = base + S * kX, lo0 = wg_desc_lo(base);
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * BNX;
@@ -1205,7 +1211,7 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
   auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
                   uint4& qnext) {
     __syncthreads();
-    wg_mma_tile<T, BNX>(d, acur, base + (kt % S) * kX);
+    wg_mma_tile<T, BNX>(d, acur, lo0 + (kt % S) * (kX >> 4));
     wg_pin(anext);
     decode(qcur, anext);
     wg_pin(acur);
@@ -1280,7 +1286,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (sraw + 1023) & ~1023u;  // the 128-byte swizzle repeats every 1024
   uint8_t* const sbase = smem_raw + (base - sraw);
-  const uint32_t raw0 = base + S * kX, bar0 = raw0 + kRR * kC * 16;
+  const uint32_t raw0 = base + S * kX, bar0 = raw0 + kRR * kC * 16, lo0 = wg_desc_lo(base);
   auto full = [&](int st) { return bar0 + 8u * st; };
   auto empty = [&](int st) { return bar0 + 8u * (S + st); };
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -1322,7 +1328,8 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto rawread = [&](int kt) { return raw_piece<kRR, kC>(sbase + S * kX, tid, kt, kt_count); };
   // prmt picks bytes flo / 2 (h = 0) and 2 + flo / 2 (h = 1) of the k-half-0 word A and the
   // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
-  const uint32_t fb = flo >> 1, sel = fb | ((4 + fb) << 4) | ((2 + fb) << 8) | ((6 + fb) << 12);
+  // (selector nibbles fb, 4 + fb, 2 + fb, 6 + fb: one multiply-add where the loop rebuilds it)
+  const uint32_t sel = 0x6240u + 0x1111u * (uint32_t)(flo >> 1);
   auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
     const uint32_t own[4] = {q.x, q.y, q.z, q.w};
     uint32_t v[4];
@@ -1360,8 +1367,8 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
                   uint4& qnext) {
     mbar_wait(full(kt % S), (kt / S) & 1);
-    wg_mma_tile<T, BNX>(d, acur, base + (kt % S) * kX);
-    if (kt >= 1) mbar_arrive(empty((kt - 1) % S));
+    wg_mma_tile<T, BNX>(d, acur, lo0 + (kt % S) * (kX >> 4));
+    if (kt >= 1) mbar_arrive(empty((unsigned)(kt - 1) % S));
     wg_pin(anext);
     decode(qcur, anext);
     wg_pin(acur);
