@@ -147,14 +147,11 @@ std::vector<Variant> variants() {
   v.push_back({"dx-nb2nt1-se", 16, decode<2, 1, 0, 4, 0, true>(0)});
   v.push_back({"dx-nb2nt1-xs2-se", 16, decode<2, 1, 0, 4, 2, true>(0)});
   v.push_back({"dx-nb2nt2-se", 16, decode<2, 2, 0, 4, 0, true>(4)});
-  // the early scales (s1) against none (s0), with x staged by the launcher's rule (x1) or not
-  // (x0): the decode routes' four combinations, and the M 9-16 routes without SE
-  v.push_back({"se-x0s0", 8, decode<1, 1, 0, 4, 0, false>(0)});
-  v.push_back({"se-x0s1", 8, decode<1, 1, 0, 4, 0, true>(0)});
-  v.push_back({"se-x1s0", 8, decode<1, 1, 0, 4, 1, false>(0)});
-  v.push_back({"se-x1s1", 8, decode<1, 1, 0, 4, 1, true>(0)});
-  v.push_back({"se-nt2-s0", 16, decode<2, 1, 0, 4, 0, false>(0)});
-  v.push_back({"se-wide-s0", 16, decode<2, 2, 0, 4, 0, false>(4)});
+  // the remaining XS / SE combinations (the tenth session's logs call them se-x1s0,
+  // se-nt2-s0 and se-wide-s0, and the ones above se-x0s0, se-x0s1 and se-x1s1)
+  v.push_back({"dx-nb1-xs1", 8, decode<1, 1, 0, 4, 1, false>(0)});
+  v.push_back({"dx-nb2nt1", 16, decode<2, 1, 0, 4, 0, false>(0)});
+  v.push_back({"dx-nb2nt2", 16, decode<2, 2, 0, 4, 0, false>(4)});
   // M 17-256: fused_gemm_kernel (warps split K, x loaded for each n tile) against
   // fused_gemm_nt_kernel (NT n tiles a warp step share one x load; PF: next x prefetched)
   auto gemm = [](auto launcher) {
