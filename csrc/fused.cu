@@ -626,7 +626,7 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
 // One m block (NB = 1) keeps to 64 registers, so two 16-warp blocks share an SM: grids of 1-2
 // blocks an SM take 16 warps (launch_decode), and at 66 registers (the early scales, SE)
 // they ran in two rounds. Lab, tenth session, M = 5 / 8, us: 4096 x 6144 8.18 / 8.46 ->
-// 6.84 / 7.20, 8192 x 6144 12.2 -> 10.5; the other shapes' codes moved by about +1 %.
+// 6.84 / 7.20, 8192 x 6144 12.2 -> 10.5; the other shapes' times moved by about +1 %.
 template <typename T, int S, int NB, int NT, int ABL = 0, bool XS = false, bool SE = false>
 __global__ void __launch_bounds__(512, NB == 1 ? 2 : 1)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
