@@ -623,12 +623,11 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
 // (wrong results): 1 the correction mma, 2 the decode (raw words go to the mma), 4 the
 // weight mma (decoded words are folded into one output), 8 the x loads, 16 all but the
 // launch, the tree sum and the stores.
-// One m block (NB = 1) keeps to 64 registers, so two 16-warp blocks share an SM: grids of 1-2
-// blocks an SM take 16 warps (launch_decode), and at 66 registers (the early scales, SE)
-// they ran in two rounds. Lab, tenth session, M = 5 / 8, us: 4096 x 6144 8.18 / 8.46 ->
-// 6.84 / 7.20, 8192 x 6144 12.2 -> 10.5; the other shapes' times moved by about +1 %.
-template <typename T, int S, int NB, int NT, int ABL = 0, bool XS = false, bool SE = false>
-__global__ void __launch_bounds__(512, NB == 1 ? 2 : 1)
+// MINB 2 keeps the kernel to 64 registers, so that two 16-warp blocks share an SM
+// (launch_decode says where).
+template <typename T, int S, int NB, int NT, int ABL = 0, bool XS = false, bool SE = false,
+          int MINB = 1>
+__global__ void __launch_bounds__(512, MINB)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
@@ -834,8 +833,15 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   const size_t xs_bytes = (size_t)nwarps * spw * m * 128;
   const int64_t per_sm = (blocks + num_sms - 1) / num_sms;
   const bool xs = XS == 2 || (XS == 1 && xs_bytes <= 32 * 1024 && per_sm <= 2);
-  auto kernel = xs ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE>
-                   : fused_decode_kernel<T, S, NB, NT, ABL, false, SE>;
+  // Grids of 1-2 blocks an SM take 16 warps (above), and two such blocks fit an SM only at 64
+  // registers or fewer: with the early scales (SE) the one-m-block kernel uses 66, so they ran
+  // in two rounds. Lab, tenth session, M = 5 / 8, us: 4096 x 6144 8.18 / 8.46 -> 6.84 / 7.20,
+  // 8192 x 6144 12.2 -> 10.5 (the bound on every instance cost the others about 1 %, so
+  // only these grids take it; bounded, the two-m-block kernels spill).
+  const bool two = NB == 1 && nwarps == 16 && blocks > num_sms;
+  auto kernel = xs    ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE>
+                : two ? fused_decode_kernel<T, S, NB, NT, ABL, false, SE, NB == 1 ? 2 : 1>
+                      : fused_decode_kernel<T, S, NB, NT, ABL, false, SE>;
   const size_t bytes = smem + (xs ? xs_bytes : 0);
   if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // (forced staging, lab only)
   if (bytes > 48 * 1024) {
