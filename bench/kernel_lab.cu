@@ -144,9 +144,14 @@ std::vector<Variant> variants() {
   v.push_back({"dx-nb1-se", 8, decode<1, 1, 0, 4, 0, true>(0)});
   v.push_back({"dx-nb1-xs2-se", 8, decode<1, 1, 0, 4, 2, true>(0)});
   v.push_back({"dx-nb1-xs1-se", 8, decode<1, 1, 0, 4, 1, true>(0)});
+  for (int nw : {4, 8, 16})
+    v.push_back({"dx-nb1-xs1-se-w" + std::to_string(nw), 8, decode<1, 1, 0, 4, 1, true>(nw)});
   v.push_back({"dx-nb2nt1-se", 16, decode<2, 1, 0, 4, 0, true>(0)});
   v.push_back({"dx-nb2nt1-xs2-se", 16, decode<2, 1, 0, 4, 2, true>(0)});
   v.push_back({"dx-nb2nt2-se", 16, decode<2, 2, 0, 4, 0, true>(4)});
+  v.push_back({"dx-nb2nt2-se-w8", 16, decode<2, 2, 0, 4, 0, true>(8)});
+  v.push_back({"dx-nb2nt1-se-w4", 16, decode<2, 1, 0, 4, 0, true>(4)});
+  v.push_back({"dx-nb2nt1-se-w8", 16, decode<2, 1, 0, 4, 0, true>(8)});
   // the remaining XS / SE combinations (the tenth session's logs call them se-x1s0,
   // se-nt2-s0 and se-wide-s0, and the ones above se-x0s0, se-x0s1 and se-x1s1)
   v.push_back({"dx-nb1-xs1", 8, decode<1, 1, 0, 4, 1, false>(0)});

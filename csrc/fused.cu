@@ -92,6 +92,22 @@ __device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&b)[4][2]) {
   }
 }
 
+// decode_word for the weights as the A operand (the decode kernel): f odd are the mma's rows
+// g + 8, and those read bits 4-7 of each byte in place, 16x the value, so a word takes one
+// shift (bf16) instead of three. The kernel's correction uses 16x ones on those rows and
+// its epilogue takes the 16 back out (exact: a power of two on every term of the sum).
+template <typename T>
+__device__ __forceinline__ void decode_word_a(uint32_t q, uint32_t (&b)[4][2]) {
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    const uint32_t v = f < 2 ? q : q >> 8;
+    const uint32_t mk = (f & 1) ? 0x00300030u : 0x00030003u;
+    b[f][0] = v & mk;
+    b[f][1] = Dec<T>::kSlotR1 ? (v & (mk << 2)) : ((v >> 2) & mk);
+  }
+}
+constexpr float kRowHiUnscale = 0.0625f;  // rows g + 8 under decode_word_a
+
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
 #if __CUDA_ARCH__ >= 900
@@ -179,6 +195,19 @@ __device__ __forceinline__ void load_x16(uint32_t (&out)[8], const uint4* row, i
   const uint4 v0 = __ldg(row + k0 / 8), v1 = __ldg(row + k0 / 8 + 1);
   out[0] = v0.x; out[1] = v0.y; out[2] = v0.z; out[3] = v0.w;
   out[4] = v1.x; out[5] = v1.y; out[6] = v1.z; out[7] = v1.w;
+}
+
+// load_x16 at a lane's own pointer (row and k already applied), only where `pred`; else `out`
+// keeps what it held. (Written as a C++ branch, the compiler wrapped it in divergent-branch
+// bookkeeping each step.)
+__device__ __forceinline__ void load_x16p(uint32_t (&out)[8], const uint4* p, bool pred) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %8, 0;\n"
+      " @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%9];\n"
+      " @p ld.global.nc.v4.u32 {%4, %5, %6, %7}, [%9 + 16];\n}"
+      : "+r"(out[0]), "+r"(out[1]), "+r"(out[2]), "+r"(out[3]), "+r"(out[4]), "+r"(out[5]),
+        "+r"(out[6]), "+r"(out[7])
+      : "r"((int)pred), "l"(p));
 }
 
 // Sums N floats a lane over the block's warps (nwarps a power of two) through a shared-memory
@@ -619,6 +648,12 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
 // of x that removes the code offset (y = sum c x - sum x) comes from one more mma per k16
 // step with A = the constant fragment of ones, shared by the NT tiles. (The first version
 // summed x in a prologue, row after row: M = 16 ran 36 us on 4096 x 22016.)
+// The time is the warps' serial instruction chains (stage ablations, third and tenth
+// sessions), so the k loop is kept short: unrolled over the ring slots, pointers stepped
+// rather than recomputed, x rows past M never rewritten, and rows g + 8 decoded in place
+// (decode_word_a). SASS, sm_90a, one m block: 116 -> 88 instructions a k tile; lab, eleventh
+// session, M = 1, us: 4096 x 22016 13.41 -> 11.54, 4096 x 12288 8.72 -> 7.81, 11008 x 4096
+// 8.29 -> 7.81, 4096 x 6144 6.97 -> 6.62.
 // ABL is for bench/kernel_lab.cu only, which times what each stage costs by leaving it out
 // (wrong results): 1 the correction mma, 2 the decode (raw words go to the mma), 4 the
 // weight mma (decoded words are folded into one output), 8 the x loads, 16 all but the
@@ -691,78 +726,93 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   float acc[NT][2][NB][4], corr[NB][4];
   zero(acc);
   zero(corr);
-  uint32_t xb[NB][8];
-  if (!XS) {
+  // x of this step and of the next (x from global). The k loop is unrolled over the S ring
+  // slots, so slot indices and the x buffer are fixed at compile time: no per-step index
+  // math and no register copies of the next step's x. Rows past M stay the zeros set here
+  // (prescale keeps them), so no step writes them; a load past this warp's last step is
+  // skipped and leaves stale values that no step reads.
+  static_assert(S % 2 == 0, "fused_decode_kernel: the unrolled k loop alternates two x buffers");
+  uint32_t xv[2][NB][8];
+  zero(xv);
+  const uint4* xp[NB];  // this lane's x at the next step to load (x from global)
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-      load_x16(xb[nb], warp < kt_count ? xrow[nb] : nullptr, warp * kTileK + t * 16);
+  for (int nb = 0; nb < NB; ++nb) {
+    xp[nb] = xrow[nb] + warp * (kTileK / 8) + 2 * t;  // (unused where xrow is null)
+    if (!XS) load_x16p(xv[0][nb], xp[nb], xrow[nb] && warp < kt_count);
   }
+  const int xstep = nwarps * (kTileK / 8);
+  const uint4* wn[NT];  // the next k tile to issue into the ring, S - 1 steps ahead
+#pragma unroll
+  for (int j = 0; j < NT; ++j) wn[j] = wt[j] + (int64_t)(warp + (S - 1) * nwarps) * 32;
+  const int64_t wstep = (int64_t)nwarps * 32;
 
-  for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps) {
-    ring_issue(ring, (i + S - 1) % S, wt, kt + (S - 1) * nwarps, kt_count);
-    // the next step's x, in flight while this one decodes (or this step's, from shared memory)
-    uint32_t xn[NB][8];
-    if (XS) {
-      cp_async_wait<S - 1>();  // the first step's group holds all of this lane's x
+  for (int i0 = 0, kt = warp; kt < kt_count; i0 += S) {
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        if (xrow[nb]) {
-          const uint4* sx = xs + (i * m + 8 * nb + g) * 8;
-          const uint4 v0 = sx[0], v1 = sx[1];
-          xb[nb][0] = v0.x; xb[nb][1] = v0.y; xb[nb][2] = v0.z; xb[nb][3] = v0.w;
-          xb[nb][4] = v1.x; xb[nb][5] = v1.y; xb[nb][6] = v1.z; xb[nb][7] = v1.w;
-        } else {
+    for (int u = 0; u < S; ++u, kt += nwarps) {
+      if (kt >= kt_count) break;
+      uint32_t(&xb)[NB][8] = xv[XS ? 0 : u & 1];
+      if (kt + (S - 1) * nwarps < kt_count) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) xb[nb][e] = 0;
+        for (int j = 0; j < NT; ++j) cp_async16(ring + (((u + S - 1) % S) * NT + j) * 32, wn[j]);
+      }
+      cp_async_commit();  // (empty past the end: the waits count one group a step)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wn[j] += wstep;
+      if (XS) {
+        cp_async_wait<S - 1>();  // the first step's group holds all of this lane's x
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          if (xrow[nb]) {
+            const uint4* sx = xs + ((i0 + u) * m + 8 * nb + g) * 8;
+            const uint4 v0 = sx[0], v1 = sx[1];
+            xb[nb][0] = v0.x; xb[nb][1] = v0.y; xb[nb][2] = v0.z; xb[nb][3] = v0.w;
+            xb[nb][4] = v1.x; xb[nb][5] = v1.y; xb[nb][6] = v1.z; xb[nb][7] = v1.w;
+          }
+        }
+      } else {
+        // the next step's x, in flight while this one decodes
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          xp[nb] += xstep;
+          load_x16p(xv[(u + 1) & 1][nb], xp[nb], xrow[nb] && kt + nwarps < kt_count);
         }
       }
-    } else {
-      const int kx = kt + nwarps;
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-        load_x16(xn[nb], kx < kt_count ? xrow[nb] : nullptr, kx * kTileK + t * 16);
-    }
+      for (int nb = 0; nb < NB; ++nb) prescale_x<T>(xb[nb]);
+      if (!XS) cp_async_wait<S - 1>();
+      uint4 q[NT];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) prescale_x<T>(xb[nb]);
-    if (!XS) cp_async_wait<S - 1>();
-    uint4 q[NT];
+      for (int j = 0; j < NT; ++j) q[j] = ring[(u * NT + j) * 32];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) q[j] = ring[((i % S) * NT + j) * 32];
+      for (int wi = 0; wi < 4; ++wi) {
 #pragma unroll
-    for (int wi = 0; wi < 4; ++wi) {
+        for (int nb = 0; nb < NB; ++nb)
+          if (!(ABL & 1))
+            mma<T>(corr[nb], Dec<T>::kOnes0, Dec<T>::kOnes0 << 4, Dec<T>::kOnes1,
+                   Dec<T>::kOnes1 << 4, xb[nb][2 * wi], xb[nb][2 * wi + 1]);
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-        if (!(ABL & 1))
-          mma<T>(corr[nb], Dec<T>::kOnes0, Dec<T>::kOnes0, Dec<T>::kOnes1, Dec<T>::kOnes1,
-                 xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+        for (int j = 0; j < NT; ++j) {
+          const uint32_t qw = wi == 0 ? q[j].x : wi == 1 ? q[j].y : wi == 2 ? q[j].z : q[j].w;
+          uint32_t b[4][2];
+          if (ABL & 2) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint32_t qw = wi == 0 ? q[j].x : wi == 1 ? q[j].y : wi == 2 ? q[j].z : q[j].w;
-        uint32_t b[4][2];
-        if (ABL & 2) {
+            for (int f = 0; f < 4; ++f) b[f][0] = b[f][1] = qw + f;
+          } else {
+            decode_word_a<T>(qw, b);
+          }
+          if (ABL & 4) {
 #pragma unroll
-          for (int f = 0; f < 4; ++f) b[f][0] = b[f][1] = qw + f;
-        } else {
-          decode_word<T>(qw, b);
-        }
-        if (ABL & 4) {
+            for (int f = 0; f < 4; ++f) sink ^= b[f][0] + b[f][1] + xb[0][2 * wi];
+          } else {
 #pragma unroll
-          for (int f = 0; f < 4; ++f) sink ^= b[f][0] + b[f][1] + xb[0][2 * wi];
-        } else {
+            for (int hb = 0; hb < 2; ++hb)
 #pragma unroll
-          for (int hb = 0; hb < 2; ++hb)
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
-              mma<T>(acc[j][hb][nb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1],
-                     b[2 * hb + 1][1], xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+              for (int nb = 0; nb < NB; ++nb)
+                mma<T>(acc[j][hb][nb], b[2 * hb][0], b[2 * hb + 1][0], b[2 * hb][1],
+                       b[2 * hb + 1][1], xb[nb][2 * wi], xb[nb][2 * wi + 1]);
+          }
         }
       }
-    }
-    if (!XS) {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) xb[nb][e] = xn[nb][e];
     }
   }
   cp_async_wait<0>();
@@ -793,7 +843,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
         for (int hb = 0; hb < 2; ++hb) {
           const int col = (nt0 + j) * kTileN + 16 * hb + g + 8 * (e >> 1);
           if (col >= n) continue;
-          const float s = Dec<T>::kUnscale *
+          const float s = Dec<T>::kUnscale * ((e >> 1) ? kRowHiUnscale : 1.f) *
                           (SE ? se[j][hb][e >> 1] : per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
           y[(int64_t)row * n + col] = from_float<T>(acc[j][hb][nb][e] * s + b);
@@ -1711,9 +1761,16 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     case FusedKernel::kDecode:
       return launch_decode<T, 4, 1, 1, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream);
-    case FusedKernel::kDecodeWide:
+    case FusedKernel::kDecodeWide: {
+      // 8 warps where the grid is at most one block an SM (at 126 registers only two 8-warp
+      // blocks fit an SM). Lab, eleventh session, M = 12 / 16, us, 4 warps -> 8: 4096 x 6144
+      // 10.79 / 10.84 -> 7.75 / 7.77, 8192 x 6144 18.27 / 18.38 -> 11.89 / 11.95; with more
+      // blocks 8 loses (4096 x 22016: 14.72 / 15.24 -> 15.67 / 16.23)
+      const int64_t blocks = ((n + kTileN - 1) / kTileN + 1) / 2;
       return launch_decode<T, 4, 2, 2, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream, 4);
+                                                   per_tensor, num_sms, stream,
+                                                   blocks <= num_sms ? 8 : 4);
+    }
     case FusedKernel::kDecodeNt2:
       return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream);
