@@ -146,6 +146,10 @@ std::vector<Variant> variants() {
   v.push_back({"dx-nb1-xs1-se", 8, decode<1, 1, 0, 4, 1, true>(0)});
   for (int nw : {4, 8, 16})
     v.push_back({"dx-nb1-xs1-se-w" + std::to_string(nw), 8, decode<1, 1, 0, 4, 1, true>(nw)});
+  // two n tiles a step at M <= 8: x, its prescale and the correction shared by two tiles
+  v.push_back({"dx-nb1nt2-xs1-se", 8, decode<1, 2, 0, 4, 1, true>(0)});
+  for (int nw : {4, 8})
+    v.push_back({"dx-nb1nt2-xs1-se-w" + std::to_string(nw), 8, decode<1, 2, 0, 4, 1, true>(nw)});
   v.push_back({"dx-nb2nt1-se", 16, decode<2, 1, 0, 4, 0, true>(0)});
   v.push_back({"dx-nb2nt1-xs2-se", 16, decode<2, 1, 0, 4, 2, true>(0)});
   v.push_back({"dx-nb2nt2-se", 16, decode<2, 2, 0, 4, 0, true>(4)});
@@ -180,14 +184,16 @@ std::vector<Variant> variants() {
   v.push_back({"gnt-mt4-nt1-nopf", 256, gemm_nt<4, 1, false>(0)});
   v.push_back({"gnt-mt2-nt4-nopf", 256, gemm_nt<2, 4, false>(0)});
   v.push_back({"gnt-mt4-nt2-nopf", 256, gemm_nt<4, 2, false>(0)});
-  // ablations (timing only, wrong results): what each stage of dec-nb1-nt1 costs
-  v.push_back({"abl-nocorr", 8, decode<1, 1, 1>(0)});
-  v.push_back({"abl-nodecode", 8, decode<1, 1, 2>(0)});
-  v.push_back({"abl-nomma", 8, decode<1, 1, 4>(0)});
-  v.push_back({"abl-nomma-nocorr", 8, decode<1, 1, 5>(0)});
-  v.push_back({"abl-nox", 8, decode<1, 1, 8>(0)});
-  v.push_back({"abl-stream-only", 8, decode<1, 1, 15>(0)});
-  v.push_back({"abl-empty", 8, decode<1, 1, 31>(0)});
+  // ablations (timing only, wrong results): what each stage of the production M <= 8 decode
+  // (dx-nb1-xs1-se) costs; before the eleventh session these were dec-nb1-nt1 (8-tile ring,
+  // no XS / SE)
+  v.push_back({"abl-nocorr", 8, decode<1, 1, 1, 4, 1, true>(0)});
+  v.push_back({"abl-nodecode", 8, decode<1, 1, 2, 4, 1, true>(0)});
+  v.push_back({"abl-nomma", 8, decode<1, 1, 4, 4, 1, true>(0)});
+  v.push_back({"abl-nomma-nocorr", 8, decode<1, 1, 5, 4, 1, true>(0)});
+  v.push_back({"abl-nox", 8, decode<1, 1, 8, 4, 1, true>(0)});
+  v.push_back({"abl-stream-only", 8, decode<1, 1, 15, 4, 1, true>(0)});
+  v.push_back({"abl-empty", 8, decode<1, 1, 31, 4, 1, true>(0)});
   return v;
 }
 

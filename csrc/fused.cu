@@ -746,12 +746,15 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   for (int j = 0; j < NT; ++j) wn[j] = wt[j] + (int64_t)(warp + (S - 1) * nwarps) * 32;
   const int64_t wstep = (int64_t)nwarps * 32;
 
-  for (int i0 = 0, kt = warp; kt < kt_count; i0 += S) {
+  // this warp's k tiles: warp, warp + nwarps, ... (the loop counts steps, not k tiles)
+  const int steps = warp < kt_count ? (kt_count - warp + nwarps - 1) / nwarps : 0;
+  for (int i0 = 0; i0 < steps; i0 += S) {
 #pragma unroll
-    for (int u = 0; u < S; ++u, kt += nwarps) {
-      if (kt >= kt_count) break;
+    for (int u = 0; u < S; ++u) {
+      const int i = i0 + u;
+      if (i >= steps) break;
       uint32_t(&xb)[NB][8] = xv[XS ? 0 : u & 1];
-      if (kt + (S - 1) * nwarps < kt_count) {
+      if (i + S - 1 < steps) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) cp_async16(ring + (((u + S - 1) % S) * NT + j) * 32, wn[j]);
       }
@@ -763,7 +766,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           if (xrow[nb]) {
-            const uint4* sx = xs + ((i0 + u) * m + 8 * nb + g) * 8;
+            const uint4* sx = xs + (i * m + 8 * nb + g) * 8;
             const uint4 v0 = sx[0], v1 = sx[1];
             xb[nb][0] = v0.x; xb[nb][1] = v0.y; xb[nb][2] = v0.z; xb[nb][3] = v0.w;
             xb[nb][4] = v1.x; xb[nb][5] = v1.y; xb[nb][6] = v1.z; xb[nb][7] = v1.w;
@@ -774,7 +777,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           xp[nb] += xstep;
-          load_x16p(xv[(u + 1) & 1][nb], xp[nb], xrow[nb] && kt + nwarps < kt_count);
+          load_x16p(xv[(u + 1) & 1][nb], xp[nb], xrow[nb] && i + 1 < steps);
         }
       }
 #pragma unroll
