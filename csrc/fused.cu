@@ -651,7 +651,7 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
 // The time is the warps' serial instruction chains (stage ablations, third and tenth
 // sessions), so the k loop is kept short: unrolled over the ring slots, pointers stepped
 // rather than recomputed, x rows past M never rewritten, and rows g + 8 decoded in place
-// (decode_word_a). SASS, sm_90a, one m block: 116 -> 88 instructions a k tile; lab, eleventh
+// (decode_word_a). SASS, sm_90a, one m block: 116 -> 85 instructions a k tile; lab, eleventh
 // session, M = 1, us: 4096 x 22016 13.41 -> 11.54, 4096 x 12288 8.72 -> 7.81, 11008 x 4096
 // 8.29 -> 7.81, 4096 x 6144 6.97 -> 6.62.
 // ABL is for bench/kernel_lab.cu only, which times what each stage costs by leaving it out
