@@ -146,6 +146,12 @@ std::vector<Variant> variants() {
   v.push_back({"dx-nb1-xs1-se", 8, decode<1, 1, 0, 4, 1, true>(0)});
   for (int nw : {4, 8, 16})
     v.push_back({"dx-nb1-xs1-se-w" + std::to_string(nw), 8, decode<1, 1, 0, 4, 1, true>(nw)});
+  // deeper rings for the production decode configurations (more weight bytes in flight)
+  v.push_back({"dx-nb1-xs1-se-s6", 8, decode<1, 1, 0, 6, 1, true>(0)});
+  v.push_back({"dx-nb1-xs1-se-s8", 8, decode<1, 1, 0, 8, 1, true>(0)});
+  v.push_back({"dx-nb2nt1-se-s8", 16, decode<2, 1, 0, 8, 0, true>(0)});
+  v.push_back({"dx-nb2nt2-se-s8-w8", 16, decode<2, 2, 0, 8, 0, true>(8)});
+  v.push_back({"dx-nb2nt2-se-s8-w4", 16, decode<2, 2, 0, 8, 0, true>(4)});
   // two n tiles a step at M <= 8: x, its prescale and the correction shared by two tiles
   v.push_back({"dx-nb1nt2-xs1-se", 8, decode<1, 2, 0, 4, 1, true>(0)});
   for (int nw : {4, 8})

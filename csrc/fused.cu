@@ -1644,6 +1644,7 @@ enum class FusedKernel {
   kGroupHalf,   // group scales, M <= 8: fused_gemm without the zero half of the A fragments
   kGroup,       // group scales: fused_gemm, one m16 tile a block
   kDecode,      // M <= 8: the decode kernel, one n tile a step
+  kDecodePair,  // M <= 8 where that grid has 4 or more blocks an SM: two n tiles a step
   kDecodeWide,  // M 9-16 where the grid has more blocks than SMs: two n tiles a step, 4 warps
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
   kWgmmaRs,     // Hopper, M 65-128 where wgmma_big's grid is under half a wave (wgmma_rs_plan)
@@ -1656,7 +1657,10 @@ struct FusedRoute {
 };
 FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
   if (group_size) return {m <= 8 ? FusedKernel::kGroupHalf : FusedKernel::kGroup, {}};
-  if (m <= 8) return {FusedKernel::kDecode, {}};
+  if (m <= 8) {
+    const int64_t tiles = (n + kTileN - 1) / kTileN;
+    return {tiles >= 4 * (int64_t)num_sms ? FusedKernel::kDecodePair : FusedKernel::kDecode, {}};
+  }
   if (m <= 16) {
     const int64_t tiles = (n + kTileN - 1) / kTileN;
     return {tiles <= num_sms ? FusedKernel::kDecodeNt2 : FusedKernel::kDecodeWide, {}};
@@ -1764,6 +1768,14 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     case FusedKernel::kDecode:
       return launch_decode<T, 4, 1, 1, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream);
+    // Eleventh session, lab, M = 1 / 8, us, one n tile a step -> two (4 warps), grids of 4 or
+    // more blocks an SM: 4096 x 22016 11.46 / 11.72 -> 10.69 / 10.87, 8192 x 22016 20.10 /
+    // 20.84 -> 17.92 / 19.23, 4096 x 28672 13.28 / 13.59 -> 13.04 / 13.21, 8192 x 28672
+    // 22.90 / 23.66 -> 22.28 / 22.45, 5120 x 27648 15.49 / 15.94 -> 15.41 / 15.58. Below that
+    // it loses: 4096 x 12288 (three blocks an SM) 7.78 -> 9.09 at M = 1.
+    case FusedKernel::kDecodePair:
+      return launch_decode<T, 4, 1, 2, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream, 4);
     case FusedKernel::kDecodeWide: {
       // 8 warps where the grid is at most one block an SM (at 126 registers only two 8-warp
       // blocks fit an SM). Lab, eleventh session, M = 12 / 16, us, 4 warps -> 8: 4096 x 6144
@@ -1953,6 +1965,7 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kGroupHalf: return "fused_gemm_half";
     case FusedKernel::kGroup: return "fused_gemm";
     case FusedKernel::kDecode:
+    case FusedKernel::kDecodePair:
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2: return "decode";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";

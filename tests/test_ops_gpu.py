@@ -337,19 +337,23 @@ def test_decode_kernel_every_warp_count_and_scale(m):
     float64. At M <= 8 the first four N stage x in shared memory where it fits (csrc/fused.cu,
     launch_decode: 32 KB a block, two blocks an SM; K of 13 tiles leaves the warps unequal
     steps), the last two (three blocks an SM) do not. At M > 8 (launch_fused_typed) more tiles
-    than SMs take two n tiles a warp step, with an odd last tile here."""
+    than SMs take two n tiles a warp step, with an odd last tile here; so do grids of 4 or more
+    blocks an SM at M <= 8 (the last two N, in both dtypes)."""
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for n, k, mode in ((45, 196, "channel"), (45, 832, "tensor"), (33, 8192, "tensor"),
-                       (700, 4096, "channel"), (2 * sms * 32 + 8, 128, "tensor"),
-                       (4 * sms * 32 + 8, 128, "channel")):
+    bf16, f16 = torch.bfloat16, torch.float16
+    for n, k, mode, dtype in ((45, 196, "channel", bf16), (45, 832, "tensor", bf16),
+                              (33, 8192, "tensor", bf16), (700, 4096, "channel", bf16),
+                              (2 * sms * 32 + 8, 128, "tensor", bf16),
+                              (4 * sms * 32 + 8, 128, "channel", bf16),
+                              (4 * sms * 32 + 40, 704, "tensor", f16)):
         codes, scale = _weights(n, k, mode, 0)
-        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-        _poison((m, n), torch.bfloat16)
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        bias = torch.randn(n, dtype=dtype, device="cuda")
+        _poison((m, n), dtype)
         y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
         ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
-        _check(y, ref, torch.bfloat16, f"decode m={m} n={n} k={k} {mode}")
+        _check(y, ref, dtype, f"decode m={m} n={n} k={k} {mode} {dtype}")
 
 
 def _fused_with_bias_matches(m: int, n: int, k: int, mode: str, dtype, what: str) -> None:
