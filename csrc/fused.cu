@@ -935,10 +935,12 @@ template <typename T> struct WgDec;
 template <> struct WgDec<__nv_bfloat16> {
   static constexpr uint32_t kMagic = 0x43004300u;  // 128 in both halves: ulp 1
   static constexpr uint32_t kSub = 0xC301C301u;    // -129
+  static constexpr uint32_t kSub16 = 0xC310C310u;  // -144: a code read at bits 4-5 (16 c)
 };
 template <> struct WgDec<__half> {
   static constexpr uint32_t kMagic = 0x64006400u;  // 1024: ulp 1
   static constexpr uint32_t kSub = 0xE401E401u;    // -1025
+  static constexpr uint32_t kSub16 = 0xE410E410u;  // -1040
 };
 
 __device__ __forceinline__ uint32_t add_x2(__nv_bfloat16*, uint32_t a, uint32_t b) {
@@ -952,6 +954,7 @@ __device__ __forceinline__ uint32_t add_x2(__half*, uint32_t a, uint32_t b) {
   return d;
 }
 
+constexpr float kBigHiUnscale = 0.0625f;  // wgmma_big's A rows g + 8 are decoded as 16 (c - 1)
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;  // (a & b) | c
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
@@ -1073,7 +1076,7 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
 template <int BNX>
 __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
                                               int tid, int ch0, int n, const float* scale,
-                                              bool per_tensor, float* part) {
+                                              bool per_tensor, float* part, float hi_mul) {
   cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
@@ -1082,7 +1085,8 @@ __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)
   float sc[2];
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi)
-    sc[hi] = ch0 + 8 * hi < n ? scale[per_tensor ? 0 : ch0 + 8 * hi] : 0.f;
+    sc[hi] = ch0 + 8 * hi < n ? scale[per_tensor ? 0 : ch0 + 8 * hi] * (hi ? hi_mul : 1.f)
+                              : 0.f;
   float4* p4 = reinterpret_cast<float4*>(part) + tid;
 #pragma unroll
   for (int j = 0; j < BNX / 8; ++j)
@@ -1109,7 +1113,7 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
                                               int wg, int warp, int lane, int m0, int cb0,
                                               int m, int n, const float* scale, bool per_tensor,
                                               const T* bias, uint32_t stile, const uint8_t* gtile,
-                                              T* y) {
+                                              T* y, float hi_mul = 1.f) {
   cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
@@ -1120,7 +1124,7 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int col = cb0 + 64 * wg + 16 * warp + 8 * hi + g;
-    sc[hi] = col < n ? scale[per_tensor ? 0 : col] : 0.f;
+    sc[hi] = col < n ? scale[per_tensor ? 0 : col] * (hi ? hi_mul : 1.f) : 0.f;
     b[hi] = bias && col < n ? to_float(bias[col]) : 0.f;
   }
   asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' last wgmma retired
@@ -1408,11 +1412,16 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     for (int s = 0; s < 4; ++s) {  // step s came from lane s, in round s ^ t
       const uint32_t lo = (t & 1) ? v[s ^ 1] : v[s], hi = (t & 1) ? v[s ^ 3] : v[s ^ 2];
       const uint32_t word = ((t & 2) ? hi : lo) >> (2 * (t & 1));  // u' = t % 2
+      // f = flo + (i & 1), u = i >> 1. Odd i are the A rows g + 8: read in place at bits 4-5,
+      // as 16 (c - 1) (exact), which the epilogue's scale of those rows takes back out
+      // (kBigHiUnscale), so a word takes one shift instead of three
 #pragma unroll
-      for (int i = 0; i < 4; ++i)  // f = flo + (i & 1), u = i >> 1
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t v = (i >> 1) ? word >> 8 : word;
         a[s][i] = add_x2((T*)nullptr,
-                         lop3_and_or(word >> (8 * (i >> 1) + 4 * (i & 1)), 0x00030003u, WgDec<T>::kMagic),
-                         WgDec<T>::kSub);
+                         lop3_and_or(v, (i & 1) ? 0x00300030u : 0x00030003u, WgDec<T>::kMagic),
+                         (i & 1) ? WgDec<T>::kSub16 : WgDec<T>::kSub);
+      }
     }
   };
   float d[BNX / 2];
@@ -1425,13 +1434,17 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   decode(rawread(0), a[0]);
   cp_async_wait<kRR - 4>();
   q[1] = rawread(1);
-  // step kt: wgmma(kt) on stage kt % S and A(kt); after wgmma(kt - 1) retired its stage is
-  // released and A(kt + 1) is decoded from the raw piece read last step
-  auto step = [&](int kt, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4], const uint4& qcur,
-                  uint4& qnext) {
-    mbar_wait(full(kt % S), (kt / S) & 1);
-    wg_mma_tile<T, BNX>(d, acur, lo0 + (kt % S) * (kX >> 4));
-    if (kt >= 1) mbar_arrive(empty((unsigned)(kt - 1) % S));
+  // step kt: wgmma(kt) on stage st = kt % S (phase ph) and A(kt); after wgmma(kt - 1) retired
+  // its stage is released and A(kt + 1) is decoded from the raw piece read last step. The loop
+  // is unrolled over the S stages (twice for an odd S, since the A and raw-piece buffers
+  // alternate): stage indices, descriptors and barrier addresses are fixed at compile time
+  // and the parity flips once a round of S.
+  constexpr int kU = S % 2 ? 2 * S : S;
+  auto step = [&](int kt, int st, uint32_t ph, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4],
+                  const uint4& qcur, uint4& qnext) {
+    mbar_wait(full(st), ph);
+    wg_mma_tile<T, BNX>(d, acur, lo0 + st * (kX >> 4));
+    if (kt >= 1) mbar_arrive(empty((st + S - 1) % S));
     wg_pin(anext);
     decode(qcur, anext);
     wg_pin(acur);
@@ -1440,18 +1453,23 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     qnext = rawread(kt + 2);
     rawload(kt + kRR - 2);
   };
-  for (int kt = 0; kt < kt_count; kt += 2) {
-    step(kt, a[0], a[1], q[1], q[0]);
-    if (kt + 1 < kt_count) step(kt + 1, a[1], a[0], q[0], q[1]);
+  for (int kt0 = 0, ph = 0; kt0 < kt_count; kt0 += kU, ph ^= (kU / S) & 1) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (kt0 + u >= kt_count) break;
+      step(kt0 + u, u % S, ph ^ ((u / S) & 1), a[u & 1], a[(u + 1) & 1], q[(u + 1) & 1],
+           q[u & 1]);
+    }
   }
   const int cb0 = cb * 128;
   static_assert(S * kX >= BNX * 256, "the output tile reuses the x ring");
   if (ws == nullptr)
     wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias, base,
-                          sbase, y);
+                          sbase, y, kBigHiUnscale);
   else
     wg_store_part<BNX>(d, a, tid, cb0 + wg * 64 + 16 * warp + g, n, scale, per_tensor,
-                       ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128);
+                       ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
+                       kBigHiUnscale);
 #endif
 }
 
