@@ -1665,6 +1665,7 @@ enum class FusedKernel {
   kDecodePair,  // M <= 8 where that grid has 4 or more blocks an SM: two n tiles a step
   kDecodeWide,  // M 9-16 where the grid has more blocks than SMs: two n tiles a step, 4 warps
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
+  kDecodeNt2W4, // M 9-16 where that grid has 2-3 blocks an SM: the same kernel with 4 warps
   kWgmmaRs,     // Hopper, M 65-128 where wgmma_big's grid is under half a wave (wgmma_rs_plan)
   kWgmmaBig,    // Hopper, M > 32 where its 64/128/256 x 128 tiles make half a wave (TMA x)
   kGemmNt,      // M 17-128 otherwise (and M > 128 elsewhere): one m16 tile, two n tiles a step
@@ -1680,8 +1681,12 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     return {tiles >= 4 * (int64_t)num_sms ? FusedKernel::kDecodePair : FusedKernel::kDecode, {}};
   }
   if (m <= 16) {
-    const int64_t tiles = (n + kTileN - 1) / kTileN;
-    return {tiles <= num_sms ? FusedKernel::kDecodeNt2 : FusedKernel::kDecodeWide, {}};
+    const int64_t tiles = (n + kTileN - 1) / kTileN, sms = num_sms;
+    if (tiles <= sms) return {FusedKernel::kDecodeNt2, {}};
+    // one n tile a block where that grid is 2-3 blocks an SM: two n tiles a step would leave
+    // half the SMs a block short in the last round (launch_fused_typed has the numbers)
+    if (tiles > 2 * sms && tiles <= 3 * sms) return {FusedKernel::kDecodeNt2W4, {}};
+    return {FusedKernel::kDecodeWide, {}};
   }
   if (m > kBigMinM) {
     // lab (seventh session): 4096 x 22016 M=256 (172 blocks) 96 us against the dequantize
@@ -1701,10 +1706,13 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     const int64_t blocks = (m + bnx - 1) / bnx * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
     while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
-    // (at M <= 48 fused_gemm_nt keeps grids past a wave: 4096 x 22016, 172 tiles, M = 40
-    // 37.1 us against 40.3)
-    const bool second_round = m <= 48 && blocks > num_sms;
-    if (2 * blocks * s >= num_sms && !second_round && k >= kTileK && wgmma_rs_compiled() &&
+    // Grids past a wave at M 33-48 kept fused_gemm_nt until the twelfth session; with the
+    // shorter wgmma_big loop (rows g + 8 in place) this route wins there too. Lab, M = 33 /
+    // 48, us, fused_gemm_nt -> this route: 4096 x 22016 (tail split 2) 36.97 / 37.50 ->
+    // 35.34 / 34.80, 8192 x 28672 (unsplit) 89.28 / 90.41 -> 79.82 / 71.51, 4096 x 28672
+    // 49.43 / 50.23 -> 41.76 / 38.82, 5120 x 27648 55.27 / 56.05 -> 49.70 / 46.95,
+    // 8192 x 22016 67.18 / 68.16 -> 63.12 / 59.55.
+    if (2 * blocks * s >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
         tensor_map_encoder() != nullptr) {
       WgmmaRsPlan p{bnx, s, 0};
       const int64_t rest = blocks % num_sms;
@@ -1807,6 +1815,14 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     case FusedKernel::kDecodeNt2:
       return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream);
+    // Twelfth session, lab, M = 12 / 16, us, kDecodeWide -> this: 4096 x 12288 (384 tiles)
+    // 11.39 / 11.51 -> 10.30 / 10.36, 8192 x 12288 19.14 / 19.32 -> 17.32 / 17.40. With
+    // two n tiles a step those grids are 192 blocks: 60 SMs take two, 72 one. Outside the
+    // band it loses: 5120 x 13824 (432 tiles) 13.16 / 13.26 -> 15.48 / 15.79, 8192 x 28672
+    // (896) 33.54 / 34.03 -> 37.65 / 37.88.
+    case FusedKernel::kDecodeNt2W4:
+      return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream, 4);
     case FusedKernel::kWgmmaRs:
       return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      r.wg.splits, workspace, stream);
@@ -1985,7 +2001,8 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kDecode:
     case FusedKernel::kDecodePair:
     case FusedKernel::kDecodeWide:
-    case FusedKernel::kDecodeNt2: return "decode";
+    case FusedKernel::kDecodeNt2:
+    case FusedKernel::kDecodeNt2W4: return "decode";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
     case FusedKernel::kWgmmaBig:
       return r.wg.splits == 1 ? "wgmma_big" : r.wg.tail ? "wgmma_big_tail" : "wgmma_big_splitk";

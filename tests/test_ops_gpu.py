@@ -337,8 +337,10 @@ def test_decode_kernel_every_warp_count_and_scale(m):
     float64. At M <= 8 the first four N stage x in shared memory where it fits (csrc/fused.cu,
     launch_decode: 32 KB a block, two blocks an SM; K of 13 tiles leaves the warps unequal
     steps), the last two (three blocks an SM) do not. At M > 8 (launch_fused_typed) more tiles
-    than SMs take two n tiles a warp step, with an odd last tile here; so do grids of 4 or more
-    blocks an SM at M <= 8 (the last two N, in both dtypes)."""
+    than SMs take two n tiles a warp step, with an odd last tile here, except grids of 2-3
+    one-n-tile blocks an SM, which keep one n tile with 4 warps (N of 80 x SMs + 8, K of 11
+    tiles); grids of 4 or more blocks an SM at M <= 8 take two n tiles (the two N of
+    4 x SMs x 32 + 8 and + 40, in both dtypes)."""
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bf16, f16 = torch.bfloat16, torch.float16
@@ -346,7 +348,8 @@ def test_decode_kernel_every_warp_count_and_scale(m):
                               (33, 8192, "tensor", bf16), (700, 4096, "channel", bf16),
                               (2 * sms * 32 + 8, 128, "tensor", bf16),
                               (4 * sms * 32 + 8, 128, "channel", bf16),
-                              (4 * sms * 32 + 40, 704, "tensor", f16)):
+                              (4 * sms * 32 + 40, 704, "tensor", f16),
+                              (80 * sms + 8, 704, "channel", f16)):
         codes, scale = _weights(n, k, mode, 0)
         x = torch.randn(m, k, dtype=dtype, device="cuda")
         bias = torch.randn(n, dtype=dtype, device="cuda")
@@ -379,8 +382,8 @@ def _hopper_route_expected() -> bool:
 def test_mid_m_routes_match_float64(m):
     """M 33-128 on Hopper (csrc/fused.cu, pick_route): wgmma_big with 64-token tiles to
     M = 64 and 128-token tiles above, where its grid (K split 2 or 4 ways to get there) makes
-    half a wave: unsplit, split, and the tiles of a partial last wave split; at M <= 48 a
-    grid past a wave keeps fused_gemm_nt. Grids under half a wave keep wgmma_rs (M 65-128:
+    half a wave: unsplit, split, and the tiles of a partial last wave split (M 33-48 too
+    since the twelfth session). Grids under half a wave keep wgmma_rs (M 65-128:
     128 tokens with K split, or unsplit 64/128-token blocks at M >= 97) or fused_gemm_nt.
     Ragged N inside a block, K of one tile, channel and tensor scale, bias, both dtypes,
     against float64."""
@@ -392,8 +395,7 @@ def test_mid_m_routes_match_float64(m):
     small = "wgmma_rs" if m >= 97 else "fused_gemm_nt"  # one 128-channel block, K of one tile
     cases = (  # n, k, mode, dtype, route on Hopper
         # one block past a wave, 16 k tiles (too few to split the last wave)
-        (128 * sms + 40, 1000, "channel", torch.bfloat16,
-         "fused_gemm_nt" if m <= 48 else "wgmma_big"),
+        (128 * sms + 40, 1000, "channel", torch.bfloat16, "wgmma_big"),
         # 3 blocks: even split 4 ways they make no half wave
         (300, 4096, "tensor", torch.float16, "wgmma_rs_splitk" if m >= 65 else "fused_gemm_nt"),
         # a third of a wave: split 2 ways
@@ -402,8 +404,7 @@ def test_mid_m_routes_match_float64(m):
         (128 * (3 * sms // 4) + 5, 704, "channel", torch.float16, "wgmma_big"),
         (77, 64, "channel", torch.bfloat16, small),
         # a wave and two blocks, 32 k tiles: the last two split 4 ways
-        (128 * (sms + 2) - 50, 2048, "tensor", torch.bfloat16,
-         "fused_gemm_nt" if m <= 48 else "wgmma_big_tail"),
+        (128 * (sms + 2) - 50, 2048, "tensor", torch.bfloat16, "wgmma_big_tail"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
