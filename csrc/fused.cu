@@ -1663,7 +1663,8 @@ enum class FusedKernel {
   kGroup,       // group scales: fused_gemm, one m16 tile a block
   kDecode,      // M <= 8: the decode kernel, one n tile a step
   kDecodePair,  // M <= 8 where that grid has 4 or more blocks an SM: two n tiles a step
-  kDecodeWide,  // M 9-16 where the grid has more blocks than SMs: two n tiles a step, 4 warps
+  kDecodeWide,  // M 9-16 where the grid has more blocks than SMs (outside kDecodeNt2W4's
+                // band): two n tiles a step, 4 or 8 warps
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
   kDecodeNt2W4, // M 9-16 where that grid has 2-3 blocks an SM: the same kernel with 4 warps
   kWgmmaRs,     // Hopper, M 65-128 where wgmma_big's grid is under half a wave (wgmma_rs_plan)
