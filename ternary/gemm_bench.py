@@ -3,6 +3,11 @@ A16W158 kernel, the way DESIGN.md's anchors were measured: CUDA graphs (launch g
 the numbers), weights rotated past L2 (each timed call reads its weight from HBM), random
 data, median of repeated replays. Used by bench/bench_gemm.py and `ternary bench`.
 
+Every timing starts after a short idle pause (`settle_s`): the H200 draws close to its 700 W
+limit in the M = 4096 cells and runs at 1.4-1.65 GHz instead of 1.98 for a while after them,
+so without the pause a cell's numbers depended on the cell before it (thirteenth session,
+bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
+
 The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
 over the copy bandwidth measured in the same run; "floor %" is that floor over the fused time.
 """
@@ -18,6 +23,7 @@ import torch
 
 SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
 M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
+SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "gemlite")
 
 
@@ -65,9 +71,10 @@ def measure_bf16_flops(device, size: int = 8192) -> float:
     return 2 * size**3 * 10 / (s.elapsed_time(e) / 1e3)
 
 
-def time_rotated(calls, replays: int = 20) -> float:
+def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0) -> float:
     """Median microseconds of one call: a CUDA graph runs every call once (each on its own
-    weight copy), replayed `replays` times."""
+    weight copy), replayed `replays` times; with sustain_s, after replaying for that long
+    first (the clock the kernel's own power draw settles at, as in a long prefill)."""
     for c in calls:  # warm-up outside capture (autotuners, lazy init)
         c()
     torch.cuda.synchronize()
@@ -77,6 +84,10 @@ def time_rotated(calls, replays: int = 20) -> float:
             c()
     for _ in range(3):
         graph.replay()
+    t_end = time.perf_counter() + sustain_s
+    while time.perf_counter() < t_end:
+        graph.replay()
+        torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,9 +116,10 @@ def _gemlite_layers(codes_list, scale_value: float, dtype):
 
 
 def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = True,
-        replays: int = 20, progress: bool = True, partial_json: str | None = None) -> dict:
-    """Times every (shape, M); with partial_json, rewrites that file after each row so a run
-    cut short still leaves its numbers."""
+        replays: int = 20, progress: bool = True, partial_json: str | None = None,
+        settle_s: float = SETTLE_S, sustain_s: float = 0.0) -> dict:
+    """Times every (shape, M), each kernel after `settle_s` idle seconds; with partial_json,
+    rewrites that file after each row so a run cut short still leaves its numbers."""
     from ternary import _ext, kernels, ops
 
     device = torch.device("cuda")
@@ -118,7 +130,9 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
     meta: dict = {
         "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
         "copy_bandwidth_Bps": bw, "bf16_mm_flops": flops, "torch": torch.__version__,
-        "dtype": str(dtype), "replays": replays, "gemlite": None, "gemlite_error": None,
+        "dtype": str(dtype), "replays": replays, "settle_s": settle_s, "sustain_s": sustain_s,
+        "gemlite": None,
+        "gemlite_error": None,
     }
     if gemlite:
         try:
@@ -174,8 +188,10 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 if layers is not None:
                     cases["gemlite"] = [lambda lay=lay, x=x: lay(x) for lay in layers]
                 for name, calls in cases.items():
+                    torch.cuda.synchronize()
+                    time.sleep(settle_s)
                     try:
-                        row.us[name] = time_rotated(calls, replays)
+                        row.us[name] = time_rotated(calls, replays, sustain_s)
                     except Exception as e:
                         row.us[name] = None
                         if name == "gemlite":
@@ -228,6 +244,12 @@ def render(result: dict) -> None:
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
+    if meta.get("settle_s"):
+        console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at the "
+                      "lower clock the previous cell's power draw left")
+    if meta.get("sustain_s"):
+        console.print(f"each kernel ran {meta['sustain_s']:g} s before its timing: the clock its "
+                      "own power draw settles at, as in a long prefill")
     if meta.get("gemlite_from"):
         console.print(f"gemlite column from an earlier run: {meta['gemlite_from']}")
     if meta.get("gemlite_error"):
@@ -249,6 +271,10 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     p.add_argument("--no-gemlite", action="store_true", help="skip gemlite")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--settle", type=float, default=SETTLE_S, metavar="SECONDS",
+                   help=f"idle pause before each timing (default {SETTLE_S}; 0 for none)")
+    p.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                   help="run each kernel this long before timing it (steady-state clocks)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     p.add_argument("--render", metavar="PATH", help="print the table of a saved JSON (no GPU)")
     p.add_argument("--gemlite-from", metavar="PATH",
@@ -286,12 +312,16 @@ def run_cli(args) -> int:
         if k <= 0 or n <= 0 or k % 4:
             raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
         shapes.append((k, n))
+    if not 0 <= args.settle <= 10:
+        raise SystemExit(f"--settle {args.settle}: give idle seconds between 0 and 10")
+    if not 0 <= args.sustain <= 60:
+        raise SystemExit(f"--sustain {args.sustain}: give seconds between 0 and 60")
     if not torch.cuda.is_available():
         raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none "
                          "(use --render PATH to print a saved run)")
     t0 = time.time()
     result = run(shapes, args.m, getattr(torch, args.dtype), not args.no_gemlite, args.replays,
-                 partial_json=args.json)
+                 partial_json=args.json, settle_s=args.settle, sustain_s=args.sustain)
     result["meta"]["wall_s"] = time.time() - t0
     render(result)
     if args.json:

@@ -30,3 +30,29 @@ def test_bad_shapes(shape, match):
 def test_needs_gpu():
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         cli.main(["bench", "--shapes", "64x64", "--m", "1"])
+
+
+@pytest.mark.parametrize("value", ["-1", "11"])
+def test_bad_settle(value):
+    with pytest.raises(SystemExit, match=f"--settle {float(value)}"):
+        cli.main(["bench", "--settle", value, "--shapes", "64x64", "--m", "1"])
+
+
+def test_render_says_how_long_each_timing_settled(capsys, tmp_path):
+    import json
+
+    result = json.loads((RESULTS / "results-h200.json").read_text())
+    result["meta"]["settle_s"] = 0.25
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    assert "each kernel timed after 0.25 s idle" in capsys.readouterr().out
+    result["meta"]["settle_s"] = 0
+    path.write_text(json.dumps(result))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    assert "idle" not in capsys.readouterr().out
+
+
+def test_bad_sustain():
+    with pytest.raises(SystemExit, match="--sustain -1.0"):
+        cli.main(["bench", "--sustain", "-1", "--shapes", "64x64", "--m", "1"])
