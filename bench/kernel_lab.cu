@@ -3,13 +3,15 @@
 // variants without rebuilding the extension. It includes csrc/fused.cu itself: the variants
 // are the production templates with other parameters. Built here by bench/kernel_lab.sh,
 // run on the GPU machine:
-//   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--dequant] [--json out.json]
+//   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
+//                    [--dequant] [--json out.json]
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
 // 3x the L2, so every launch reads its weights from DRAM); median of 15 replays.
 #include "../csrc/fused.cu"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +19,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace ternary;
@@ -64,7 +67,7 @@ Launch gemm_nt(int nwarps) {
 std::vector<Variant> variants() {
   std::vector<Variant> v;
   // production routing, with the workspace it asks for (kept between calls, as a caller may)
-  v.push_back({"prod", 128, [](const void* x, const uint8_t* w, const float* s, void* y,
+  v.push_back({"prod", 1 << 20, [](const void* x, const uint8_t* w, const float* s, void* y,
                               int64_t m, int64_t n, int64_t k, int sms, cudaStream_t st) {
                  static float* ws = nullptr;
                  static int64_t cap = 0;
@@ -104,6 +107,8 @@ std::vector<Variant> variants() {
   v.push_back({"wgbig-256-s5", 1 << 20, big(launch_wgmma_big<bf16, 256, 5>)});
   v.push_back({"wgbig-256-s6", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>)});
   v.push_back({"wgbig-128-s8", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>)});
+  v.push_back({"wgbig-128-s8-k2", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>, 2)});
+  v.push_back({"wgbig-128-s8-k4", 1 << 20, big(launch_wgmma_big<bf16, 128, 8>, 4)});
   v.push_back({"wgbig-256-s6-k2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2)});
   v.push_back({"wgbig-256-s6-k4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4)});
   v.push_back({"wgbig-256-s6-tail2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2, true)});
@@ -337,8 +342,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ms = {1, 4, 8, 16};
   std::string only, json;
   std::vector<std::string> pick;  // --pick a b c: time only variants whose names start so
-  int reps = 3;
-  bool dequant = false;
+  int reps = 3, settle_ms = 0;  // --settle: idle ms before each timing (GPU clocks drop
+  bool dequant = false;          // under the power limit after heavy cells; gemm_bench.py)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto shape_of = [](const char* s) {
@@ -360,6 +365,8 @@ int main(int argc, char** argv) {
       while (i + 1 < argc && argv[i + 1][0] != '-') pick.push_back(argv[++i]);
     } else if (a == "--reps" && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (a == "--settle" && i + 1 < argc) {
+      settle_ms = std::atoi(argv[++i]);
     } else if (a == "--dequant") {
       dequant = true;
     } else if (a == "--json" && i + 1 < argc) {
@@ -479,6 +486,7 @@ int main(int argc, char** argv) {
           CK(v.run(d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m, n, k, sms, st));
         CK(cudaStreamEndCapture(st, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
+        if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
         for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, st));
         std::vector<float> times;
         for (int r = 0; r < 15; ++r) {

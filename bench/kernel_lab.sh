@@ -14,5 +14,5 @@ if [ -z "$major" ] || [ "$major" -lt 12 ] || { [ "$major" -eq 12 ] && [ "$minor"
   echo "kernel_lab.sh: $NVCC is CUDA '$major.$minor'; sm_90a needs CUDA >= 12.4" >&2; exit 2
 fi
 "$NVCC" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-  bench/kernel_lab.cu csrc/pack.cu -o bench/kernel_lab
-echo "bench/kernel_lab built with $NVCC (CUDA $major.$minor)"
+  bench/kernel_lab.cu csrc/pack.cu -o "${LAB_OUT:-bench/kernel_lab}"
+echo "${LAB_OUT:-bench/kernel_lab} built with $NVCC (CUDA $major.$minor)"
