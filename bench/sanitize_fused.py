@@ -39,9 +39,11 @@ for dtype in (torch.bfloat16, torch.float16):
                        # M > 128 on Hopper (TMA x, 256 x 128 blocks, half a wave or more):
                        # ragged last row block and channel block, K of one tile and of 5
                        (300, 64 * SMS + 40, 320, 0), (129, 128 * SMS - 100, 64, 0),
-                       # ... with K split 4 ways (grid of 18 x 2 blocks), and for the tiles
-                       # past a wave only (K of 32 tiles)
-                       (300, 128 * 9 - 60, 1000, 0), (300, 128 * (SMS // 2 + 2) - 50, 2048, 0)):
+                       # ... with K split 4 ways (grid of 18 x 2 blocks); past a wave, where
+                       # 128-token tiles take at most 1.5 x the rounds (K of 32 tiles):
+                       # unsplit, and the tiles past a wave split 4 ways
+                       (300, 128 * 9 - 60, 1000, 0), (300, 128 * (SMS // 2 + 2) - 50, 2048, 0),
+                       (129, 128 * (SMS + 2) - 50, 2048, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)

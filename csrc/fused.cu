@@ -1703,7 +1703,23 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     // M <= 128 takes tiles of 64 or 128 tokens (ninth session, lab at M = 64, us, against
     // fused_gemm_nt): 4096 x 22016 41.0 (tail split 2) / 49.3, 11008 x 4096 20.1 (split 4) /
     // 25.4, 4096 x 4096 11.7 / 13.1, 4096 x 12288 24.0 / 30.9, 4096 x 6144 17.3 / 16.9.
-    const int bnx = m <= 64 ? 64 : m <= 128 ? 128 : kBigRows;
+    int bnx = m <= 64 ? 64 : m <= 128 ? 128 : kBigRows;
+    if (m > 128 && k <= 8192) {
+      // 128-token tiles where the 256-token grid, past a wave, leaves much of its last round
+      // idle or pads M by up to half a tile: a 128-token tile costs about 0.6 of a 256-token
+      // one, so they win when they need at most 1.5 x the rounds. Lab, thirteenth session, us,
+      // 256-token route -> 128 (rounds r256 -> r128): 4096 x 22016 M=256 (2 -> 3) 74.9 -> 70.0,
+      // M=384 (3 -> 4) 133.0 -> 94.7; 4096 x 12288 M=384 74.5 -> 59.9, M=512 77.6 -> 70.5;
+      // 8192 x 28672 M=384 (4 -> 6) 335 -> 267; 5120 x 13824 M=384 105.0 -> 79.9; 4096 x 6144
+      // M=768 61.4 -> 59.9, M=1024 77.3 -> 70.7; 4096 x 4096 M=1536 76.7 -> 71.1; 8192 x 8192
+      // M=768 135.5 -> 133.2. K above 8192 keeps 256: 11008 x 4096 M=1536 (2 -> 3) took
+      // 177.4 -> 191.3 (its last round's tiles split 2 ways, which long K repays). Not taken:
+      // 4096 x 22016 M=1024 (6 -> 11) 249.3 against 282.4 with 128.
+      const int64_t nb = (n + 127) / 128, sms = num_sms;
+      const int64_t r256 = ((m + 255) / 256 * nb + sms - 1) / sms;
+      const int64_t r128 = ((m + 127) / 128 * nb + sms - 1) / sms;
+      if (r256 >= 2 && 2 * r128 <= 3 * r256) bnx = 128;
+    }
     const int64_t blocks = (m + bnx - 1) / bnx * ((n + 127) / 128), kt = k / kTileK;
     int s = 1;
     while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
@@ -2010,6 +2026,14 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kGemmNt: break;
   }
   return "fused_gemm_nt";
+}
+
+void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms,
+                     int* tokens, int* splits) {
+  const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+  const bool wg = r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig;
+  *tokens = wg ? r.wg.bnx : 0;
+  *splits = wg ? r.wg.splits : 1;
 }
 
 bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {

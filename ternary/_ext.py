@@ -68,3 +68,9 @@ def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) ->
     """The CUDA kernel ternary::gemm_fused picks for x [m, k] and n outputs on `device`
     ("decode", "fused_gemm", "fused_gemm_nt", "wgmma_rs", ...). Needs ternary._C."""
     return str(require().fused_route(m, n, k, group_size, device))  # type: ignore[attr-defined]
+
+
+def fused_plan(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> dict:
+    """fused_route with the tile of its tensor-core kernels: {"route", "tokens" (a block; 0
+    off wgmma_rs / wgmma_big), "splits" (K split)}. Needs ternary._C."""
+    return dict(require().fused_plan(m, n, k, group_size, device))  # type: ignore[attr-defined]

@@ -439,14 +439,33 @@ def test_wgmma_big_route_matches_float64(m):
         (128 * cols, 64, "channel", torch.float16, "wgmma_big"),
         (128 * cols4 - 60, 1000, "channel", torch.float16, "wgmma_big_splitk"),
         (128 * (cols4 - 1), 1000, "channel", torch.bfloat16, "fused_gemm_nt"),
-        # a wave and a few tiles, K of 32 tiles: the last tiles split 4 ways
-        (128 * (sms // row_blocks + 2) - 50, 2048, "tensor", torch.bfloat16, "wgmma_big_tail"),
+        # a wave and a few tiles, K of 129 tiles (K above 8192 keeps 256-token tiles): the
+        # last tiles split 4 ways
+        (128 * (sms // row_blocks + 2) - 50, 8256, "tensor", torch.bfloat16, "wgmma_big_tail"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
         if hopper:
             assert got == route, f"m={m} n={n} k={k}: route {got}, expected {route}"
+            tokens = _ext.fused_plan(m, n, k, 0, 0)["tokens"]
+            assert tokens == (256 if got.startswith("wgmma_big") else 0), \
+                f"m={m} n={n} k={k}: {tokens}-token tiles"
         _fused_with_bias_matches(m, n, k, mode, dtype, got)
+    # The same grid with K of 32 tiles: 256-token tiles take two rounds, 128-token tiles at
+    # most three (1.5 x), so it takes 128 (pick_route); the tiles past a wave split where they
+    # make under half of one.
+    n, k = 128 * (sms // row_blocks + 2) - 50, 2048
+    blocks128 = -(-m // 128) * -(-n // 128)
+    rest, ts = blocks128 % sms, 1
+    while ts < 4 and rest * ts * 2 <= sms:
+        ts *= 2
+    route = "wgmma_big_tail" if blocks128 > sms and rest and ts > 1 else "wgmma_big"
+    if hopper:
+        plan = _ext.fused_plan(m, n, k, 0, 0)
+        splits = ts if route == "wgmma_big_tail" else 1
+        assert plan == {"route": route, "tokens": 128, "splits": splits}, \
+            f"m={m} n={n} k={k}: plan {plan}"
+    _fused_with_bias_matches(m, n, k, "channel", torch.float16, route)
     n, k = cases[0][:2]
     codes, scale = _weights(n, k, "channel", 0)
     repacked = ops.repack(ops.pack(codes))
@@ -488,6 +507,12 @@ def test_fused_route_outside_the_hopper_range():
         assert _ext.fused_route(256, 4096, 4096, 0, 0) == "wgmma_big_splitk"  # 32 blocks x 4
         assert _ext.fused_route(256, 1024, 4096, 0, 0) == "fused_gemm_nt"  # 8 blocks
         assert _ext.fused_route(1024, 4096, 4096, 64, 0) == "fused_gemm"  # group scales
+        assert _ext.fused_plan(64, 4096, 4096, 0, 0) == {"route": "wgmma_big_splitk",
+                                                          "tokens": 64, "splits": 4}
+        assert _ext.fused_plan(1024, 4096, 4096, 0, 0)["tokens"] == 256  # under a wave
+    assert _ext.fused_plan(1, 4096, 4096, 0, 0) == {"route": "decode", "tokens": 0, "splits": 1}
+    with pytest.raises(RuntimeError, match="m=-1 n=4096"):
+        _ext.fused_plan(-1, 4096, 4096, 0, 0)
 
 
 @pytest.mark.parametrize("m", [17, 31, 33, 64, 100, 128])
