@@ -24,6 +24,8 @@ for dtype in (torch.bfloat16, torch.float16):
                        (12, 4 * SMS * 32 + 8, 128, 0),
                        # M 9-16, 2-3 one-n-tile blocks an SM: one n tile, 4 warps
                        (12, 80 * SMS + 8, 704, 0),
+                       # M 9-16, 3-4 tiles an SM: two n tiles, 8 warps
+                       (12, 112 * SMS + 8, 704, 0),
                        # M <= 8, 4 or more blocks an SM: two n tiles a step, odd last tile
                        (2, 4 * SMS * 32 + 8, 192, 0),
                        # M 17-128 (two n tiles a warp step): odd tile count, ring wraps,

@@ -1823,11 +1823,17 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
       // 8 warps where the grid is at most one block an SM (at 126 registers only two 8-warp
       // blocks fit an SM). Lab, eleventh session, M = 12 / 16, us, 4 warps -> 8: 4096 x 6144
       // 10.79 / 10.84 -> 7.75 / 7.77, 8192 x 6144 18.27 / 18.38 -> 11.89 / 11.95; with more
-      // blocks 8 loses (4096 x 22016: 14.72 / 15.24 -> 15.67 / 16.23)
-      const int64_t blocks = ((n + kTileN - 1) / kTileN + 1) / 2;
+      // blocks 8 loses (4096 x 22016: 14.72 / 15.24 -> 15.67 / 16.23), except at 3-4 tiles an
+      // SM (this route's grid at most two 8-warp blocks an SM). Thirteenth session, M = 16,
+      // 4 warps -> 8: 4096 x 14336 (448 tiles) 11.65 -> 11.30, 5120 x 13824 (432) 13.58 ->
+      // 13.15, 8192 x 14336 (448) 19.47 -> 18.32, 14336 x 14336 (448) 34.36 -> 28.93; 8192 x
+      // 28672 (896) 33.96 -> 33.61 stays at 4 with 4096 x 22016 (688). Between 448 and 688
+      // tiles unmeasured.
+      const int64_t tiles = (n + kTileN - 1) / kTileN, blocks = (tiles + 1) / 2;
       return launch_decode<T, 4, 2, 2, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream,
-                                                   blocks <= num_sms ? 8 : 4);
+                                                   blocks <= num_sms || tiles <= 4 * num_sms
+                                                       ? 8 : 4);
     }
     case FusedKernel::kDecodeNt2:
       return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,

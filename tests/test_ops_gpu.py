@@ -340,7 +340,8 @@ def test_decode_kernel_every_warp_count_and_scale(m):
     than SMs take two n tiles a warp step, with an odd last tile here, except grids of 2-3
     one-n-tile blocks an SM, which keep one n tile with 4 warps (N of 80 x SMs + 8, K of 11
     tiles); grids of 4 or more blocks an SM at M <= 8 take two n tiles (the two N of
-    4 x SMs x 32 + 8 and + 40, in both dtypes)."""
+    4 x SMs x 32 + 8 and + 40, in both dtypes). At M > 8, 3-4 tiles an SM take two n tiles
+    with 8 warps (N of 112 x SMs + 8, K of 11 tiles), more take 4 (4 x SMs x 32 + 8)."""
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bf16, f16 = torch.bfloat16, torch.float16
@@ -349,7 +350,8 @@ def test_decode_kernel_every_warp_count_and_scale(m):
                               (2 * sms * 32 + 8, 128, "tensor", bf16),
                               (4 * sms * 32 + 8, 128, "channel", bf16),
                               (4 * sms * 32 + 40, 704, "tensor", f16),
-                              (80 * sms + 8, 704, "channel", f16)):
+                              (80 * sms + 8, 704, "channel", f16),
+                              (112 * sms + 8, 704, "tensor", bf16)):
         codes, scale = _weights(n, k, mode, 0)
         x = torch.randn(m, k, dtype=dtype, device="cuda")
         bias = torch.randn(n, dtype=dtype, device="cuda")
