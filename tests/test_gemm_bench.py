@@ -53,6 +53,13 @@ def test_render_says_how_long_each_timing_settled(capsys, tmp_path):
     assert "idle" not in capsys.readouterr().out
 
 
+def test_render_stored_sustained_run(capsys):
+    """bench/results-h200-sustained.json: M 1024 and 4096, each kernel run 2 s first."""
+    assert cli.main(["bench", "--render", str(RESULTS / "results-h200-sustained.json")]) == 0
+    out = capsys.readouterr().out
+    assert "each kernel ran 2 s before its timing" in out and "4096 x 22016" in out
+
+
 def test_bad_sustain():
     with pytest.raises(SystemExit, match="--sustain -1.0"):
         cli.main(["bench", "--sustain", "-1", "--shapes", "64x64", "--m", "1"])
