@@ -1,7 +1,8 @@
 #!/bin/bash
 # One call on the GPU machine: build ternary._C in place, GPU tests, benchmark (and, with
-# SANITIZE=1, compute-sanitizer). Logs and bench.json land in $OUT. Steps are time-boxed so
-# the call ends inside the device tool's 600 s limit. Usage: bash bench/device_check.sh [bench args]
+# SANITIZE=1, compute-sanitizer; with SUSTAIN=1, a sustained run of M 1024 / 4096). Logs and
+# bench.json land in $OUT. Steps are time-boxed so the call ends inside the device tool's
+# 600 s limit. Usage: bash bench/device_check.sh [bench args]
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ternary-out}; mkdir -p "$OUT"
@@ -30,4 +31,8 @@ if [ "${SANITIZE:-0}" = 1 ]; then
 fi
 [ "${BENCH:-1}" = 1 ] && timeout ${BENCH_TIMEOUT:-300} python3 bench/bench_gemm.py --json "$OUT/bench.json" "$@" \
   2>&1 | tee "$OUT/bench.log"
+# SUSTAIN=1: M 1024 and 4096 again, each kernel run 2 s first (the power-limited clock of a
+# long prefill; bench/results-h200-sustained.json)
+[ "${SUSTAIN:-0}" = 1 ] && timeout 200 python3 bench/bench_gemm.py --m 1024 4096 --no-gemlite \
+  --sustain 2 --json "$OUT/sustain.json" 2>&1 | tee "$OUT/sustain.log" | tail -14
 echo "total $(( $(date +%s) - t0 )) s"
