@@ -364,25 +364,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["torch_version"] = TERNARY_TORCH_VERSION;
     return d;
   });
-  // The kernel ternary::gemm_fused picks for x [m, k] and n outputs on that CUDA device.
-  m.def("fused_route", [](int64_t m, int64_t n, int64_t k, int64_t group_size, int64_t device) {
-    const int64_t devices = c10::cuda::device_count();
-    TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0 && device < devices,
-                ternary::msg("fused_route takes m, n, k, group_size >= 0 and a device index below ",
-                             devices, "; got m=", m, " n=", n, " k=", k, " group_size=",
-                             group_size, " device=", device));
-    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
-    return std::string(
-        ternary::gemm_fused_route(m, n, (k + 63) / 64 * 64, group_size, sms));
-  });
-  // The tensor-core tile behind fused_route: tokens a block (0 off those routes) and K split.
+  // The kernel ternary::gemm_fused picks for x [m, k] and n outputs on that CUDA device, with
+  // the tile of its tensor-core routes: tokens a block (0 off those routes) and K split.
   m.def("fused_plan", [](int64_t m, int64_t n, int64_t k, int64_t group_size, int64_t device) {
     const int64_t devices = c10::cuda::device_count();
     TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0 && device < devices,
-                ternary::msg("fused_plan takes m, n, k, group_size >= 0 and a device index below ",
-                             devices, "; got m=", m, " n=", n, " k=", k, " group_size=",
-                             group_size, " device=", device));
+                ternary::msg("fused_route / fused_plan take m, n, k, group_size >= 0 and a ",
+                             "device index below ", devices, "; got m=", m, " n=", n, " k=", k,
+                             " group_size=", group_size, " device=", device));
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
     int tokens = 0, splits = 1;
