@@ -41,7 +41,8 @@ for dtype in (torch.bfloat16, torch.float16):
                        # M > 128 on Hopper (TMA x, 256 x 128 blocks, half a wave or more):
                        # ragged last row block and channel block, K of one tile and of 5
                        (300, 64 * SMS + 40, 320, 0), (129, 128 * SMS - 100, 64, 0),
-                       # ... with K split 4 ways (grid of 18 x 2 blocks); past a wave, where
+                       # ... under half a wave (18 x 2 blocks of 256 tokens): 27 x 3
+                       # blocks of 128 tokens, K split 4 ways; past a wave, where
                        # 128-token tiles take at most 1.5 x the rounds (K of 32 tiles):
                        # unsplit, and the tiles past a wave split 4 ways
                        (300, 128 * 9 - 60, 1000, 0), (300, 128 * (SMS // 2 + 2) - 50, 2048, 0),

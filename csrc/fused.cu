@@ -1720,9 +1720,25 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
       const int64_t r128 = ((m + 127) / 128 * nb + sms - 1) / sms;
       if (r256 >= 2 && 2 * r128 <= 3 * r256) bnx = 128;
     }
-    const int64_t blocks = (m + bnx - 1) / bnx * ((n + 127) / 128), kt = k / kTileK;
-    int s = 1;
-    while (s < 4 && blocks * s * 2 < num_sms && kt >= s * 4) s *= 2;
+    const int64_t kt = k / kTileK;
+    auto split_for = [&](int64_t b) {  // K split up to 4 ways until the grid makes half a wave
+      int s = 1;
+      while (s < 4 && b * s * 2 < num_sms && kt >= s * 4) s *= 2;
+      return s;
+    };
+    int64_t blocks = (m + bnx - 1) / bnx * ((n + 127) / 128);
+    int s = split_for(blocks);
+    if (bnx == kBigRows && s > 1 && 2 * blocks * s >= num_sms) {
+      // under half a wave, 128-token tiles rather than a K split of 256-token ones (which
+      // still decides whether this route runs at all). Lab, thirteenth session, us, 256 split
+      // -> 128: 4096 x 6144 M=256 30.97 (split 2) -> 23.89 (unsplit), 4096 x 4096 M=256
+      // 21.40 (4) -> 19.41 (2), 11008 x 4096 M=256 37.87 (4) -> 36.49 (2), 4096 x 4096 M=512
+      // 32.93 (2) -> 24.49 (1), 11008 x 4096 M=512 65.88 (2) -> 58.82 (1). Unsplit 256-token
+      // grids stay ahead: 4096 x 12288 M=256 43.10 against 46.68.
+      bnx = 128;
+      blocks = (m + bnx - 1) / bnx * ((n + 127) / 128);
+      s = split_for(blocks);
+    }
     // Grids past a wave at M 33-48 kept fused_gemm_nt until the twelfth session; with the
     // shorter wgmma_big loop (rows g + 8 in place) this route wins there too. Lab, M = 33 /
     // 48, us, fused_gemm_nt -> this route: 4096 x 22016 (tail split 2) 36.97 / 37.50 ->

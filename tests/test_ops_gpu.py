@@ -419,8 +419,9 @@ def test_mid_m_routes_match_float64(m):
 def test_wgmma_big_route_matches_float64(m):
     """M > 128 on Hopper where the 256-token x 128-channel blocks make half a wave: the TMA
     kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
-    of 128 (partial channel block), K padded to a tile and K of one tile, K split 4 ways where
-    the blocks alone make an eighth of a wave, or only for the tiles past a whole wave,
+    of 128 (partial channel block), K padded to a tile and K of one tile; where the 256-token
+    blocks alone make an eighth of a wave (K split 4 ways would make half), 128-token tiles
+    with K split 2 or 4 ways; K split only for the tiles past a whole wave,
     channel and tensor scale, bias, both dtypes, against float64; a grid under an eighth of a
     wave takes fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as
     gemm_fused), also replayed from a CUDA graph with new x (the TMA descriptor holds x's
@@ -449,9 +450,10 @@ def test_wgmma_big_route_matches_float64(m):
         got = _ext.fused_route(m, n, k, 0, 0)
         if hopper:
             assert got == route, f"m={m} n={n} k={k}: route {got}, expected {route}"
+            # a grid that 256-token tiles make only with a K split takes 128-token tiles
+            want = 0 if not got.startswith("wgmma_big") else 128 if got.endswith("splitk") else 256
             tokens = _ext.fused_plan(m, n, k, 0, 0)["tokens"]
-            assert tokens == (256 if got.startswith("wgmma_big") else 0), \
-                f"m={m} n={n} k={k}: {tokens}-token tiles"
+            assert tokens == want, f"m={m} n={n} k={k}: {tokens}-token tiles, expected {want}"
         _fused_with_bias_matches(m, n, k, mode, dtype, got)
     # The same grid with K of 32 tiles: 256-token tiles take two rounds, 128-token tiles at
     # most three (1.5 x), so it takes 128 (pick_route); the tiles past a wave split where they
@@ -506,7 +508,8 @@ def test_fused_route_outside_the_hopper_range():
         assert _ext.fused_route(128, 4096, 4096, 0, 0) == "wgmma_big_splitk"
         assert _ext.fused_route(128, 512, 4096, 0, 0) == "wgmma_rs_splitk"  # 4 blocks
         assert _ext.fused_route(1024, 4096, 4096, 0, 0) == "wgmma_big"
-        assert _ext.fused_route(256, 4096, 4096, 0, 0) == "wgmma_big_splitk"  # 32 blocks x 4
+        assert _ext.fused_plan(256, 4096, 4096, 0, 0) == {  # 64 blocks of 128 tokens x 2
+            "route": "wgmma_big_splitk", "tokens": 128, "splits": 2}
         assert _ext.fused_route(256, 1024, 4096, 0, 0) == "fused_gemm_nt"  # 8 blocks
         assert _ext.fused_route(1024, 4096, 4096, 64, 0) == "fused_gemm"  # group scales
         assert _ext.fused_plan(64, 4096, 4096, 0, 0) == {"route": "wgmma_big_splitk",
