@@ -46,7 +46,10 @@ for dtype in (torch.bfloat16, torch.float16):
                        # 128-token tiles take at most 1.5 x the rounds (K of 32 tiles):
                        # unsplit, and the tiles past a wave split 4 ways
                        (300, 128 * 9 - 60, 1000, 0), (300, 128 * (SMS // 2 + 2) - 50, 2048, 0),
-                       (129, 128 * (SMS + 2) - 50, 2048, 0)):
+                       (129, 128 * (SMS + 2) - 50, 2048, 0),
+                       # persistent with 256-token tiles (1.75 waves, 10 k tiles: 2 pad
+                       # stages a tile), N % 8 != 0
+                       (129, 128 * (7 * SMS // 4) - 76, 640, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)

@@ -1100,21 +1100,24 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
          ((uint32_t)reinterpret_cast<const uint16_t&>(h) << 16);
 }
 
-// The large-M kernel's end without split K: both consumer warpgroups' accumulators, scaled
+// The large-M kernels' end without split K: both consumer warpgroups' accumulators, scaled
 // and biased, go through shared memory to leave as 16-byte stores of whole token rows, in a
 // rolled loop. (wg_finish's per-element stores were 2866 SASS instructions run once a warp:
 // 40 % of the warp samples under ncu, nearly all stall_no_inst.) stmatrix .trans turns each
-// 8 x 8 fragment (channels x tokens) into 8 token rows of 8 channels; the tile is
-// [BNX tokens][128 channels], 256 bytes a token, its 16-byte chunk c stored at c ^ (token % 8)
-// so that the 8 rows of one stmatrix fall in different banks. Each warpgroup writes and reads
-// only its own 64 channels; the x ring it overwrites must first be done with by both.
+// 8 x 8 fragment (channels x tokens) into 8 token rows of 8 channels. Each warpgroup's 64
+// channels are a [BNX tokens][128 bytes] tile of their own at shared address shalf (generic
+// ghalf), one x stage's size, so the persistent wgmma_big can put them in the two stages it
+// still holds; 16-byte chunk c of a row sits at c ^ (token % 8), so the 8 rows of one
+// stmatrix fall in different banks. The shared memory it overwrites must first be done with
+// by both warpgroups' wgmma. wait_raw: first wait for this thread's cp.async groups (those
+// kernels whose rings the tile overlaps, or that end here).
 template <typename T, int BNX>
 __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
                                               int wg, int warp, int lane, int m0, int cb0,
                                               int m, int n, const float* scale, bool per_tensor,
-                                              const T* bias, uint32_t stile, const uint8_t* gtile,
-                                              T* y, float hi_mul = 1.f) {
-  cp_async_wait<0>();
+                                              const T* bias, uint32_t shalf, const uint8_t* ghalf,
+                                              T* y, float hi_mul = 1.f, bool wait_raw = true) {
+  if (wait_raw) cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
   wg_pin(a[1]);
@@ -1130,7 +1133,7 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
   asm volatile("bar.sync 1, 256;" ::: "memory");  // both warpgroups' last wgmma retired
   // matrix q of stmatrix x4: channels 8 (q % 2) + 0..7 of this warp, tokens 8 (2 jj + q / 2)
   // + 0..7; lane 8 q + i gives the address of token row i
-  const int q = lane >> 3, i = lane & 7, c = 8 * wg + 2 * warp + (q & 1);
+  const int q = lane >> 3, i = lane & 7, c = 2 * warp + (q & 1);
 #pragma unroll
   for (int jj = 0; jj < BNX / 16; ++jj) {
     uint32_t r[4];
@@ -1141,7 +1144,7 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
     }
     const int tk = 8 * (2 * jj + (q >> 1)) + i;
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                     stile + tk * 256 + ((c ^ (tk & 7)) << 4)),
+                     shalf + tk * 128 + ((c ^ (tk & 7)) << 4)),
                  "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
   }
@@ -1150,9 +1153,9 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
   const bool vec = n % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
 #pragma unroll 1
   for (int id = tw; id < BNX * 8; id += 128) {
-    const int tk = id >> 3, cc = 8 * wg + (id & 7), row = m0 + tk, col = cb0 + 8 * cc;
+    const int tk = id >> 3, cc = id & 7, row = m0 + tk, col = cb0 + 64 * wg + 8 * cc;
     if (row >= m || col >= n) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(gtile + tk * 256 + ((cc ^ (tk & 7)) << 4));
+    const uint4 v = *reinterpret_cast<const uint4*>(ghalf + tk * 128 + ((cc ^ (tk & 7)) << 4));
     T* dst = y + (int64_t)row * n + col;
     if (vec) {
       *reinterpret_cast<uint4*>(dst) = v;
@@ -1301,7 +1304,7 @@ fused_wgmma_rs2_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __rest
   static_assert(NWG == 2 && S * kX >= BNX * 256, "the output tile reuses the x ring");
   if (ws == nullptr)
     wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, blockIdx.y * 128, m, n, scale, per_tensor,
-                          bias, base, sbase, y);
+                          bias, base + wg * BNX * 128, sbase + wg * BNX * 128, y);
   else
     wg_finish<BNX>(d, a, blockIdx.y * 128 + wg * 64 + 16 * warp + g, m0, t, m, n, scale,
                    per_tensor, ws + (int64_t)blockIdx.z * m * n);
@@ -1340,15 +1343,26 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // tile each ([z][b]), and wgmma_big_finish_kernel sums them in split order. Grids under half
 // a wave split every tile; grids of a wave or more split only the tiles of the last, partial
 // wave, in a second launch (launch_wgmma_big).
-template <typename T, int BNX, int S>
+// P (persistent; launch_wgmma_big takes it for 256-token tiles past a wave, unsplit, with at
+// least 2 k tiles): one block an SM takes tiles tile0 + b,
+// b + gridDim.x, ... of `tiles`, and the x ring and its phases run on from tile to tile, so
+// the producer loads the next tile's first stages while the consumers finish this one. Each
+// tile's k steps are rounded up to whole rounds of S (the producer completes the pad stages'
+// "full" phase without a load, the consumers release them unread), which keeps every stage
+// index and descriptor a compile-time constant in the unrolled loop. The consumers keep the
+// last two stages of a tile, write the output tile into them (a warpgroup's half a stage),
+// and release them after the stores; the next tile's first weight pieces are fetched before
+// the epilogue.
+template <typename T, int BNX, int S, bool P>
 __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
                        const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
                        int m, int n, int kt_total, int nt_count, bool per_tensor, int tile0,
-                       int row_blocks, const __grid_constant__ CUtensorMap xmap) {
+                       int row_blocks, int tiles, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3 && (BNX == 64 || BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = kBigConsumers;
+  static_assert(kX == BNX * 128, "a warpgroup's output half is one x stage");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sraw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base = (sraw + 1023) & ~1023u;  // the 128-byte swizzle repeats every 1024
@@ -1357,10 +1371,13 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   auto full = [&](int st) { return bar0 + 8u * st; };
   auto empty = [&](int st) { return bar0 + 8u * (S + st); };
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const int tl = tile0 + (int)blockIdx.x, cb = tl / row_blocks, m0 = (tl % row_blocks) * BNX;
   // split z of gridDim.z takes k tiles [kb, kb + kt_count)
   const int kb = (int)((int64_t)kt_total * blockIdx.z / gridDim.z);
   const int kt_count = (int)((int64_t)kt_total * (blockIdx.z + 1) / gridDim.z) - kb;
+  // this block's tiles, and each one's k steps in the ring (P: whole rounds of S)
+  const int my_tiles = P ? (tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 1;
+  const int kt_ring = P ? (kt_count + S - 1) / S * S : kt_count;
+  auto tile_of = [&](int i) { return tile0 + (int)blockIdx.x + i * (int)gridDim.x; };
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
       mbar_init(full(st), 1);
@@ -1372,27 +1389,35 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   if (wg == 2) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
     if (tid != kC) return;
-    for (int kt = 0; kt < kt_count; ++kt) {
-      // stage kt % S last held tile kt - S: its release is that stage's (kt / S - 1)-th phase
-      if (kt >= S) mbar_wait(empty(kt % S), ((kt / S) + 1) & 1);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full(kt % S)),
-                   "r"(kX) : "memory");
-      asm volatile(
-          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-          " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + (kt % S) * kX),
-          "l"(reinterpret_cast<uint64_t>(&xmap)), "r"((kb + kt) * kTileK), "r"(m0), "r"(full(kt % S))
-          : "memory");
+    for (int i = 0, g0 = 0; i < my_tiles; ++i, g0 += kt_ring) {
+      const int m0 = (tile_of(i) % row_blocks) * BNX;
+      for (int kt = 0; kt < kt_ring; ++kt) {
+        // stage st last held ring step gk - S: its release is that stage's (gk / S - 1)-th phase
+        const int gk = g0 + kt, st = gk % S;
+        if (gk >= S) mbar_wait(empty(st), ((gk / S) + 1) & 1);
+        if (kt >= kt_count) {  // a pad step: complete the phase, load nothing
+          mbar_arrive(full(st));
+          continue;
+        }
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(full(st)),
+                     "r"(kX) : "memory");
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+            " [%0], [%1, {%2, %3}], [%4];" ::"r"(base + st * kX),
+            "l"(reinterpret_cast<uint64_t>(&xmap)), "r"((kb + kt) * kTileK), "r"(m0), "r"(full(st))
+            : "memory");
+      }
     }
     return;  // nothing below synchronizes the block
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
 
   const int g = lane >> 2, t = lane & 3;
-  const int tile = cb * 4 + wg * 2 + (warp >> 1);
   const int flo = 2 * (warp & 1);  // this warp's channels 8 f + g, f = flo, flo + 1
-  const uint4* wt = w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
-  auto rawload = [&](int kt) { raw_issue<kRR, kC>(raw0, tid, wt, kt, kt_count); };
-  auto rawread = [&](int kt) { return raw_piece<kRR, kC>(sbase + S * kX, tid, kt, kt_count); };
+  auto weights_of = [&](int tl) {  // this lane's pieces of tile tl's weight tile
+    const int tile = tl / row_blocks * 4 + wg * 2 + (warp >> 1);
+    return w + ((int64_t)min(tile, nt_count - 1) * kt_total + kb) * 32 + lane;
+  };
   // prmt picks bytes flo / 2 (h = 0) and 2 + flo / 2 (h = 1) of the k-half-0 word A and the
   // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
   // (selector nibbles fb, 4 + fb, 2 + fb, 6 + fb: one multiply-add where the loop rebuilds it)
@@ -1425,51 +1450,79 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     }
   };
   float d[BNX / 2];
-  zero(d);
   uint32_t a[2][4][4];
   uint4 q[2];
+  const uint4* wt = weights_of(tile_of(0));
+  auto rawload = [&](int kt) { raw_issue<kRR, kC>(raw0, tid, wt, kt, kt_count); };
+  auto rawread = [&](int kt) { return raw_piece<kRR, kC>(sbase + S * kX, tid, kt, kt_count); };
 #pragma unroll
   for (int p = 0; p < kRR - 2; ++p) rawload(p);
-  cp_async_wait<kRR - 3>();
-  decode(rawread(0), a[0]);
-  cp_async_wait<kRR - 4>();
-  q[1] = rawread(1);
-  // step kt: wgmma(kt) on stage st = kt % S (phase ph) and A(kt); after wgmma(kt - 1) retired
-  // its stage is released and A(kt + 1) is decoded from the raw piece read last step. The loop
-  // is unrolled over the S stages (twice for an odd S, since the A and raw-piece buffers
-  // alternate): stage indices, descriptors and barrier addresses are fixed at compile time
-  // and the parity flips once a round of S.
-  constexpr int kU = S % 2 ? 2 * S : S;
-  auto step = [&](int kt, int st, uint32_t ph, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4],
-                  const uint4& qcur, uint4& qnext) {
-    mbar_wait(full(st), ph);
-    wg_mma_tile<T, BNX>(d, acur, lo0 + st * (kX >> 4));
-    if (kt >= 1) mbar_arrive(empty((st + S - 1) % S));
-    wg_pin(anext);
-    decode(qcur, anext);
-    wg_pin(acur);
-    wg_pin(d);
-    cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
-    qnext = rawread(kt + 2);
-    rawload(kt + kRR - 2);
-  };
-  for (int kt0 = 0, ph = 0; kt0 < kt_count; kt0 += kU, ph ^= (kU / S) & 1) {
+  for (int i = 0, g0 = 0; i < my_tiles; ++i, g0 += kt_ring) {
+    const int tl = tile_of(i), cb0 = tl / row_blocks * 128, m0 = (tl % row_blocks) * BNX;
+    zero(d);
+    // this tile's first kRR - 2 weight pieces are in flight (issued above or before the last
+    // tile's epilogue)
+    cp_async_wait<kRR - 3>();
+    decode(rawread(0), a[0]);
+    cp_async_wait<kRR - 4>();
+    q[1] = rawread(1);
+    // step kt: wgmma(kt) on stage st = kt % S (phase ph) and A(kt); after wgmma(kt - 1)
+    // retired its stage is released (P: not the tile's second last, which holds half the
+    // output tile) and A(kt + 1) is decoded from the raw piece read last step. The loop is
+    // unrolled over the S stages (twice for an odd S, since the A and raw-piece buffers
+    // alternate): stage indices, descriptors and barrier addresses are fixed at compile time
+    // and the parity flips once a round of S.
+    constexpr int kU = S % 2 ? 2 * S : S;
+    auto step = [&](int kt, int st, uint32_t ph, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4],
+                    const uint4& qcur, uint4& qnext) {
+      mbar_wait(full(st), ph);
+      wg_mma_tile<T, BNX>(d, acur, lo0 + st * (kX >> 4));
+      if (kt >= 1 && (!P || kt + 1 < kt_count)) mbar_arrive(empty((st + S - 1) % S));
+      wg_pin(anext);
+      decode(qcur, anext);
+      wg_pin(acur);
+      wg_pin(d);
+      cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
+      qnext = rawread(kt + 2);
+      rawload(kt + kRR - 2);
+    };
+    for (int kt0 = 0, ph = (g0 / S) & 1; kt0 < kt_count; kt0 += kU, ph ^= (kU / S) & 1) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (kt0 + u >= kt_count) break;
-      step(kt0 + u, u % S, ph ^ ((u / S) & 1), a[u & 1], a[(u + 1) & 1], q[(u + 1) & 1],
-           q[u & 1]);
+      for (int u = 0; u < kU; ++u) {
+        if (kt0 + u >= kt_count) break;
+        step(kt0 + u, u % S, ph ^ ((u / S) & 1), a[u & 1], a[(u + 1) & 1], q[(u + 1) & 1],
+             q[u & 1]);
+      }
+    }
+    static_assert(S * kX >= BNX * 256, "the output tile reuses the x ring");
+    if constexpr (!P) {
+      if (ws == nullptr)
+        wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias,
+                              base + wg * kX, sbase + wg * kX, y, kBigHiUnscale);
+      else
+        wg_store_part<BNX>(d, a, tid, cb0 + wg * 64 + 16 * warp + g, n, scale, per_tensor,
+                           ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
+                           kBigHiUnscale);
+    } else {
+      // release the pad stages now (the producer's way into the next tile), fetch the next
+      // tile's first weight pieces (into slots this tile's reads are done with), store the
+      // output through the two held stages, then release those
+      for (int kt = kt_count; kt < kt_ring; ++kt) mbar_arrive(empty(kt % S));
+      if (i + 1 < my_tiles) {
+        wt = weights_of(tile_of(i + 1));
+#pragma unroll
+        for (int p = 0; p < kRR - 2; ++p) rawload(p);
+      }
+      const int last = (kt_count - 1) % S, mine = (last + S - 1 + wg) % S;
+      wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias,
+                            base + mine * kX, sbase + mine * kX, y, kBigHiUnscale, false);
+      // this thread's reads of the output tile are done; the stages' next writer is the TMA
+      // engine (async proxy)
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_arrive(empty((last + S - 1) % S));
+      mbar_arrive(empty(last));
     }
   }
-  const int cb0 = cb * 128;
-  static_assert(S * kX >= BNX * 256, "the output tile reuses the x ring");
-  if (ws == nullptr)
-    wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias, base,
-                          sbase, y, kBigHiUnscale);
-  else
-    wg_store_part<BNX>(d, a, tid, cb0 + wg * 64 + 16 * warp + g, n, scale, per_tensor,
-                       ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
-                       kBigHiUnscale);
 #endif
 }
 
@@ -1576,19 +1629,35 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
   constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * 16 + 2 * S * 8 + 1024;
-  auto kernel = fused_wgmma_big_kernel<T, BNX, S>;
-  const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (attr != cudaSuccess) return attr;
+  auto kernel = fused_wgmma_big_kernel<T, BNX, S, false>;
+  // persistent only with 256-token tiles (lab, fourteenth session, us, one tile a block ->
+  // persistent, two runs each: 4096 x 4096 M=4096 186.8 / 189.7 -> 180.0 / 179.9, 4096 x 22016
+  // M=4096 1092.4 / 1093.5 -> 1083.1 / 1079.2, 4096 x 12288 M=1024 130.5 / 135.5 -> 129.2 /
+  // 129.3; with 128-token tiles it lost: 4096 x 22016 M=256 69.9 / 69.8 -> 73.0 / 73.2,
+  // 4096 x 6144 M=1024 70.8 / 71.2 -> 72.9 / 72.9)
+  auto persistent = fused_wgmma_big_kernel<T, BNX, S, BNX == kBigRows>;
+  for (auto f : {kernel, persistent}) {
+    const cudaError_t attr =
+        cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (attr != cudaSuccess) return attr;
+  }
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+    return cudaErrorInvalidDevice;
   const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128, tiles = mb * nb;
   if (tiles > INT32_MAX / 2 || tail < 0 || tail > tiles) return cudaErrorInvalidConfiguration;
   CUtensorMap xmap{};
   if (!x_tensor_map<T>(&xmap, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
   auto run = [&](int64_t tile0, int64_t count, int z) {
-    kernel<<<dim3((unsigned)count, 1, (unsigned)z), 384, kSmem, stream>>>(
+    // 256-token tiles past a wave, unsplit: one block an SM over the tiles (the persistent
+    // kernel keeps two stages of a tile for its output, so it needs two k tiles)
+    const bool p = BNX == kBigRows && z == 1 && count > sms && k / kTileK >= 2;
+    (p ? persistent : kernel)<<<dim3((unsigned)(p ? sms : count), 1, (unsigned)z), 384, kSmem,
+                                stream>>>(
         reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
         z > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
-        (int)((n + kTileN - 1) / kTileN), per_tensor, (int)tile0, (int)mb, xmap);
+        (int)((n + kTileN - 1) / kTileN), per_tensor, (int)tile0, (int)mb, (int)count, xmap);
     if (z > 1) {
       const int64_t total = count * BNX * 128 / 4;  // a thread a float4
       wgmma_big_finish_kernel<T, BNX><<<(unsigned)((total + 255) / 256), 256, 0, stream>>>(

@@ -423,7 +423,8 @@ def test_wgmma_big_route_matches_float64(m):
     blocks alone make an eighth of a wave (K split 4 ways would make half), 128-token tiles
     with K split 2 or 4 ways; K split only for the tiles past a whole wave,
     channel and tensor scale, bias, both dtypes, against float64; a grid under an eighth of a
-    wave takes fused_gemm_nt. linear_fused above its max_m keeps this route (the same bits as
+    wave takes fused_gemm_nt. Past a wave without a tail split, 256-token tiles run on the
+    persistent kernel, a block taking several. linear_fused above its max_m keeps this route (the same bits as
     gemm_fused), also replayed from a CUDA graph with new x (the TMA descriptor holds x's
     address)."""
     from ternary import _ext
@@ -445,6 +446,10 @@ def test_wgmma_big_route_matches_float64(m):
         # a wave and a few tiles, K of 129 tiles (K above 8192 keeps 256-token tiles): the
         # last tiles split 4 ways
         (128 * (sms // row_blocks + 2) - 50, 8256, "tensor", torch.bfloat16, "wgmma_big_tail"),
+        # 1.75 waves, the last round too full to split, K of 129 tiles: the persistent kernel,
+        # each block taking one or two tiles, N % 8 != 0 (the scalar stores)
+        (128 * -(-(7 * sms // 4) // row_blocks) - 76, 8256, "tensor", torch.bfloat16,
+         "wgmma_big"),
     )
     for n, k, mode, dtype, route in cases:
         got = _ext.fused_route(m, n, k, 0, 0)
