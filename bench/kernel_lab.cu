@@ -4,10 +4,12 @@
 // are the production templates with other parameters. Built here by bench/kernel_lab.sh,
 // run on the GPU machine:
 //   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
-//                    [--dequant] [--json out.json]
+//                    [--sustain MS] [--dequant] [--json out.json]
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
-// 3x the L2, so every launch reads its weights from DRAM); median of 15 replays.
+// 3x the L2, so every launch reads its weights from DRAM); median of 15 replays. --settle
+// idles before each timing (the clock back up after heavy cells); --sustain replays the graph
+// that long first (the clock the variant's own power draw settles at, as gemm_bench.py's).
 #include "../csrc/fused.cu"
 
 #include <algorithm>
@@ -114,6 +116,11 @@ std::vector<Variant> variants() {
   v.push_back({"wgbig-256-s6-tail2", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 2, true)});
   v.push_back({"wgbig-256-s6-tail4", 1 << 20, big(launch_wgmma_big<bf16, 256, 6>, 4, true)});
   // 64 tokens a tile, for M 17-64 (tail: only M <= 64 counts tiles right)
+  // timing-only ablations of the 256-token kernel as routed (persistent past a wave): what the
+  // decode, the weight stream and the wgmma each add at large M, in bursts and --sustain
+  v.push_back({"abl-big-nodecode", 1 << 20, big(launch_wgmma_big<bf16, 256, 6, 1>)});
+  v.push_back({"abl-big-noweights", 1 << 20, big(launch_wgmma_big<bf16, 256, 6, 2>)});
+  v.push_back({"abl-big-nowgmma", 1 << 20, big(launch_wgmma_big<bf16, 256, 6, 3>)});
   v.push_back({"wgbig-64-s8", 1 << 20, big(launch_wgmma_big<bf16, 64, 8>)});
   v.push_back({"wgbig-64-s12", 1 << 20, big(launch_wgmma_big<bf16, 64, 12>)});
   v.push_back({"wgbig-64-s8-k2", 1 << 20, big(launch_wgmma_big<bf16, 64, 8>, 2)});
@@ -342,8 +349,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> ms = {1, 4, 8, 16};
   std::string only, json;
   std::vector<std::string> pick;  // --pick a b c: time only variants whose names start so
-  int reps = 3, settle_ms = 0;  // --settle: idle ms before each timing (GPU clocks drop
-  bool dequant = false;          // under the power limit after heavy cells; gemm_bench.py)
+  int reps = 3, settle_ms = 0, sustain_ms = 0;  // --settle, --sustain: see the top
+  bool dequant = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto shape_of = [](const char* s) {
@@ -367,6 +374,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--settle" && i + 1 < argc) {
       settle_ms = std::atoi(argv[++i]);
+    } else if (a == "--sustain" && i + 1 < argc) {
+      sustain_ms = std::atoi(argv[++i]);
     } else if (a == "--dequant") {
       dequant = true;
     } else if (a == "--json" && i + 1 < argc) {
@@ -487,6 +496,13 @@ int main(int argc, char** argv) {
         CK(cudaStreamEndCapture(st, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
         if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
+        if (sustain_ms > 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(sustain_ms)) {
+            for (int w = 0; w < 4; ++w) CK(cudaGraphLaunch(exec, st));
+            CK(cudaStreamSynchronize(st));
+          }
+        }
         for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, st));
         std::vector<float> times;
         for (int r = 0; r < 15; ++r) {

@@ -1029,13 +1029,14 @@ template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
 // One k tile of both wgmma kernels: the four k16 steps of A (registers) against the x stage
 // whose descriptor low word is stage_lo, committed as one group; returns once the previous
 // group retired (this one stays in flight while the caller decodes the next A).
-template <typename T, int BNX>
+template <typename T, int BNX, bool MMA = true>
 __device__ __forceinline__ void wg_mma_tile(float (&d)[BNX / 2], uint32_t (&acur)[4][4],
                                             uint32_t stage_lo) {
   wg_pin(d);
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int s = 0; s < 4; ++s) WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(stage_lo + kWgStepLo * s));
+  for (int s = 0; s < 4; ++s)
+    if constexpr (MMA) WgmmaRS<T, BNX>::run(d, acur[s], wg_desc(stage_lo + kWgStepLo * s));
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
@@ -1352,8 +1353,10 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // index and descriptor a compile-time constant in the unrolled loop. The consumers keep the
 // last two stages of a tile, write the output tile into them (a warpgroup's half a stage),
 // and release them after the stores; the next tile's first weight pieces are fetched before
-// the epilogue.
-template <typename T, int BNX, int S, bool P>
+// the epilogue. ABL (kernel_lab's timing-only ablations, wrong results): 1 no decode (A kept
+// from the tile's first k tile), 2 no weight loads and no decode, 3 no wgmma (the fence,
+// commit and wait kept).
+template <typename T, int BNX, int S, bool P, int ABL = 0>
 __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
                        const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
@@ -1464,6 +1467,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     // tile's epilogue)
     cp_async_wait<kRR - 3>();
     decode(rawread(0), a[0]);
+    if constexpr (ABL == 1 || ABL == 2) decode(rawread(0), a[1]);
     cp_async_wait<kRR - 4>();
     q[1] = rawread(1);
     // step kt: wgmma(kt) on stage st = kt % S (phase ph) and A(kt); after wgmma(kt - 1)
@@ -1476,15 +1480,17 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     auto step = [&](int kt, int st, uint32_t ph, uint32_t (&acur)[4][4], uint32_t (&anext)[4][4],
                     const uint4& qcur, uint4& qnext) {
       mbar_wait(full(st), ph);
-      wg_mma_tile<T, BNX>(d, acur, lo0 + st * (kX >> 4));
+      wg_mma_tile<T, BNX, ABL != 3>(d, acur, lo0 + st * (kX >> 4));
       if (kt >= 1 && (!P || kt + 1 < kt_count)) mbar_arrive(empty((st + S - 1) % S));
       wg_pin(anext);
-      decode(qcur, anext);
+      if constexpr (ABL != 1 && ABL != 2) decode(qcur, anext);
       wg_pin(acur);
       wg_pin(d);
-      cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
-      qnext = rawread(kt + 2);
-      rawload(kt + kRR - 2);
+      if constexpr (ABL != 2) {
+        cp_async_wait<kRR - 5>();  // raw tile kt + 2 (this thread's own piece)
+        qnext = rawread(kt + 2);
+        rawload(kt + kRR - 2);
+      }
     };
     for (int kt0 = 0, ph = (g0 / S) & 1; kt0 < kt_count; kt0 += kU, ph ^= (kU / S) & 1) {
 #pragma unroll
@@ -1619,7 +1625,7 @@ int64_t wgmma_big_workspace_floats(int splits, int64_t split_tiles, int bnx) {
 
 // tail 0: every tile split `splits` ways (1: none). tail > 0: the first tiles unsplit, then
 // the last `tail` tiles (the partial wave) split `splits` ways in a second launch.
-template <typename T, int BNX, int S>
+template <typename T, int BNX, int S, int ABL = 0>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
                              int64_t k, bool per_tensor, int splits, int64_t tail, float* ws,
@@ -1629,13 +1635,13 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
   constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * 16 + 2 * S * 8 + 1024;
-  auto kernel = fused_wgmma_big_kernel<T, BNX, S, false>;
+  auto kernel = fused_wgmma_big_kernel<T, BNX, S, false, ABL>;
   // persistent only with 256-token tiles (lab, fourteenth session, us, one tile a block ->
   // persistent, two runs each: 4096 x 4096 M=4096 186.8 / 189.7 -> 180.0 / 179.9, 4096 x 22016
   // M=4096 1092.4 / 1093.5 -> 1083.1 / 1079.2, 4096 x 12288 M=1024 130.5 / 135.5 -> 129.2 /
   // 129.3; with 128-token tiles it lost: 4096 x 22016 M=256 69.9 / 69.8 -> 73.0 / 73.2,
   // 4096 x 6144 M=1024 70.8 / 71.2 -> 72.9 / 72.9)
-  auto persistent = fused_wgmma_big_kernel<T, BNX, S, BNX == kBigRows>;
+  auto persistent = fused_wgmma_big_kernel<T, BNX, S, BNX == kBigRows, ABL>;
   for (auto f : {kernel, persistent}) {
     const cudaError_t attr =
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
