@@ -102,7 +102,7 @@ std::vector<Variant> variants() {
       }
       const int64_t tiles = (m + 255) / 256 * ((n + 127) / 128);  // (M <= 64: any BNX's)
       return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, tail ? tiles % sms : 0, ws,
-                      st);
+                      sms, st);
     };
   };
   v.push_back({"wgbig-256-s4", 1 << 20, big(launch_wgmma_big<bf16, 256, 4>)});

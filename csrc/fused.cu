@@ -1629,7 +1629,7 @@ template <typename T, int BNX, int S, int ABL = 0>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
                              int64_t k, bool per_tensor, int splits, int64_t tail, float* ws,
-                             cudaStream_t stream) {
+                             int num_sms, cudaStream_t stream) {
   if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   // TMA: a 16-byte aligned base and row stride
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
@@ -1647,10 +1647,8 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (attr != cudaSuccess) return attr;
   }
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-    return cudaErrorInvalidDevice;
+  const int sms = num_sms;  // the caller's count (ops.cpp asks the device once)
+  if (sms < 1) return cudaErrorInvalidValue;
   const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128, tiles = mb * nb;
   if (tiles > INT32_MAX / 2 || tail < 0 || tail > tiles) return cudaErrorInvalidConfiguration;
   CUtensorMap xmap{};
@@ -1943,13 +1941,13 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     case FusedKernel::kWgmmaBig:  // (8 stages at 64 and 128 tokens: lab, ninth session)
       if (r.wg.bnx == 64)
         return launch_wgmma_big<T, 64, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                          r.wg.splits, r.wg.tail, workspace, stream);
+                                          r.wg.splits, r.wg.tail, workspace, num_sms, stream);
       if (r.wg.bnx == 128)
         return launch_wgmma_big<T, 128, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           r.wg.splits, r.wg.tail, workspace, stream);
+                                           r.wg.splits, r.wg.tail, workspace, num_sms, stream);
       return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                        per_tensor, r.wg.splits, r.wg.tail,
-                                                       workspace, stream);
+                                                       workspace, num_sms, stream);
     case FusedKernel::kGemmNt:
       break;
   }
