@@ -1647,7 +1647,7 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
         cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (attr != cudaSuccess) return attr;
   }
-  const int sms = num_sms;  // the caller's count (ops.cpp asks the device once)
+  const int sms = num_sms;  // the caller's count (ops.cpp: the current device's properties)
   if (sms < 1) return cudaErrorInvalidValue;
   const int64_t mb = (m + BNX - 1) / BNX, nb = (n + 127) / 128, tiles = mb * nb;
   if (tiles > INT32_MAX / 2 || tail < 0 || tail > tiles) return cudaErrorInvalidConfiguration;
