@@ -4,12 +4,14 @@
 // are the production templates with other parameters. Built here by bench/kernel_lab.sh,
 // run on the GPU machine:
 //   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
-//                    [--sustain MS] [--dequant] [--json out.json]
+//                    [--sustain MS] [--hang-s S] [--dequant] [--json out.json]
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
 // 3x the L2, so every launch reads its weights from DRAM); median of 15 replays. --settle
 // idles before each timing (the clock back up after heavy cells); --sustain replays the graph
 // that long first (the clock the variant's own power draw settles at, as gemm_bench.py's).
+// A variant that has not finished after --hang-s seconds (default 30) ends the run with
+// "HUNG: <variant and shape>" and exit status 3 (ncu's --only runs wait without a limit).
 #include "../csrc/fused.cu"
 
 #include <algorithm>
@@ -36,6 +38,39 @@ using bf16 = __nv_bfloat16;
       std::exit(2);                                                                      \
     }                                                                                    \
   } while (0)
+
+// A kernel that never finishes (a barrier or setmaxnreg deadlock in a lab variant) would hold
+// the device call to its limit: the lab's waits poll instead, and after --hang-s seconds
+// (default 30) it names what was running and exits (the driver tears the context down).
+std::string g_running = "setup";
+int g_hang_s = 30;
+template <typename Query>
+void wait_or_die(Query query, const char* what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t e = query();
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      std::fprintf(stderr, "%s while %s: %s\n", what, g_running.c_str(), cudaGetErrorString(e));
+      std::exit(2);
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(g_hang_s)) {
+      std::printf("\nHUNG: %s did not finish in %d s (%s); exiting\n", g_running.c_str(),
+                  g_hang_s, what);
+      std::fflush(stdout);
+      std::fprintf(stderr, "HUNG: %s did not finish in %d s (%s)\n", g_running.c_str(),
+                   g_hang_s, what);
+      std::_Exit(3);
+    }
+    std::this_thread::yield();  // (a spin, as the runtime's own wait: no extra idle between replays)
+  }
+}
+void sync_or_die(cudaStream_t st) {
+  wait_or_die([&] { return cudaStreamQuery(st); }, "stream sync");
+}
+void event_or_die(cudaEvent_t ev) {
+  wait_or_die([&] { return cudaEventQuery(ev); }, "event sync");
+}
 
 namespace {
 
@@ -374,6 +409,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (a == "--settle" && i + 1 < argc) {
       settle_ms = std::atoi(argv[++i]);
+    } else if (a == "--hang-s" && i + 1 < argc) {
+      g_hang_s = std::atoi(argv[++i]);
     } else if (a == "--sustain" && i + 1 < argc) {
       sustain_ms = std::atoi(argv[++i]);
     } else if (a == "--dequant") {
@@ -452,6 +489,7 @@ int main(int argc, char** argv) {
           continue;
         }
         if (!only.empty()) {  // ncu workload: a few plain launches
+          // (a plain wait: under ncu one launch is replayed for minutes)
           for (int r = 0; r < reps; ++r)
             CK(v.run(d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m, n, k, sms, st));
           CK(cudaStreamSynchronize(st));
@@ -459,13 +497,15 @@ int main(int argc, char** argv) {
           continue;
         }
         // correctness: poison, run once, compare every element
+        g_running = v.name + " K=" + std::to_string(k) + " N=" + std::to_string(n) + " M=" +
+                    std::to_string(m);
         CK(cudaMemsetAsync(d_y, 0xFF, m * n * 2, st));
         if (v.run(d_x, p.d_w, p.d_scale, d_y, m, n, k, sms, st) == cudaErrorInvalidValue) {
           (void)cudaGetLastError();  // a variant that does not take this shape
           std::printf(" %12s", "n/a");
           continue;
         }
-        CK(cudaStreamSynchronize(st));
+        sync_or_die(st);
         std::vector<uint16_t> yh(m * n);
         CK(cudaMemcpy(yh.data(), d_y, m * n * 2, cudaMemcpyDeviceToHost));
         double num = 0, den = 0;
@@ -500,7 +540,7 @@ int main(int argc, char** argv) {
           const auto t0 = std::chrono::steady_clock::now();
           while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(sustain_ms)) {
             for (int w = 0; w < 4; ++w) CK(cudaGraphLaunch(exec, st));
-            CK(cudaStreamSynchronize(st));
+            sync_or_die(st);
           }
         }
         for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(exec, st));
@@ -509,7 +549,7 @@ int main(int argc, char** argv) {
           CK(cudaEventRecord(e0, st));
           CK(cudaGraphLaunch(exec, st));
           CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
+          event_or_die(e1);
           float ms_ = 0;
           CK(cudaEventElapsedTime(&ms_, e0, e1));
           times.push_back(ms_ * 1000.f / kLaunches);
