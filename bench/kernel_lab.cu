@@ -4,7 +4,7 @@
 // are the production templates with other parameters. Built here by bench/kernel_lab.sh,
 // run on the GPU machine:
 //   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
-//                    [--sustain MS] [--hang-s S] [--dequant] [--json out.json]
+//                    [--sustain MS] [--hang-s S] [--between 0|1|2] [--dequant] [--json out.json]
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
 // 3x the L2, so every launch reads its weights from DRAM); median of 15 replays. --settle
@@ -72,6 +72,29 @@ void event_or_die(cudaEvent_t ev) {
   wait_or_die([&] { return cudaEventQuery(ev); }, "event sync");
 }
 
+// --between: a kernel that copies x into the buffer the variant then reads, before every
+// launch (a stand-in for the op that produces x in a model: launched plainly, as vLLM's
+// kernels are). 1: it does not trigger; 2: it triggers its dependents at once (an op written
+// for programmatic dependent launch).
+int g_between = 0;
+template <bool TRIG>
+__global__ void between_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
+                                    int64_t n16) {
+  if (TRIG) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+cudaError_t between_copy(const void* src, void* dst, int64_t bytes, cudaStream_t st) {
+  const int64_t n16 = bytes / 16;
+  const unsigned blocks = (unsigned)std::min<int64_t>((n16 + 255) / 256, 1024);
+  if (g_between == 2)
+    between_copy_kernel<true><<<blocks, 256, 0, st>>>((const uint4*)src, (uint4*)dst, n16);
+  else
+    between_copy_kernel<false><<<blocks, 256, 0, st>>>((const uint4*)src, (uint4*)dst, n16);
+  return cudaGetLastError();
+}
+
 namespace {
 
 using Launch = std::function<cudaError_t(const void* x, const uint8_t* w, const float* s,
@@ -117,6 +140,10 @@ std::vector<Variant> variants() {
                  return launch_gemm_fused(x, k, w, s, nullptr, y, DType::kBFloat16, m, n, k, 0,
                                           false, sms, need ? ws : nullptr, st);
                }});
+  // with --between: the copy kernel alone (no variant launch)
+  v.push_back({"abl-between-only", 1 << 20,
+               [](const void*, const uint8_t*, const float*, void*, int64_t, int64_t, int64_t,
+                  int, cudaStream_t) { return cudaSuccess; }});
   v.push_back({"wgmma-rs-64", 128, [](const void* x, const uint8_t* w, const float* s, void* y,
                                      int64_t m, int64_t n, int64_t k, int, cudaStream_t st) {
                  return launch_wgmma_rs<bf16, 64>(x, k, w, s, nullptr, y, m, n, k, false, 1,
@@ -413,6 +440,8 @@ int main(int argc, char** argv) {
       g_hang_s = std::atoi(argv[++i]);
     } else if (a == "--sustain" && i + 1 < argc) {
       sustain_ms = std::atoi(argv[++i]);
+    } else if (a == "--between" && i + 1 < argc) {
+      g_between = std::atoi(argv[++i]);
     } else if (a == "--dequant") {
       dequant = true;
     } else if (a == "--json" && i + 1 < argc) {
@@ -445,8 +474,9 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<uint16_t> xh(mmax * k);
     for (auto& v : xh) v = to_bf16_bits(nd(rng));
-    void *d_x, *d_y;
+    void *d_x, *d_x2, *d_y;
     CK(cudaMalloc(&d_x, xh.size() * 2));
+    CK(cudaMalloc(&d_x2, xh.size() * 2));
     CK(cudaMemcpy(d_x, xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&d_y, mmax * n * 2));
     std::printf("\nK x N = %ld x %ld: weights %.1f MB (x%d copies), 2-bit floor at 4.16 TB/s %.2f us\n",
@@ -475,12 +505,18 @@ int main(int argc, char** argv) {
         }
       }
     }
-    for (const auto& v : vars) {
+    // --pick's order (each prefix's variants in list order, each once), so a second run can
+    // time them in reverse
+    std::vector<const Variant*> order;
+    for (const auto& v : vars)
+      if (pick.empty()) order.push_back(&v);
+    for (const auto& pf : pick)
+      for (const auto& v : vars)
+        if (v.name.rfind(pf, 0) == 0 && std::find(order.begin(), order.end(), &v) == order.end())
+          order.push_back(&v);
+    for (const Variant* vp : order) {
+      const Variant& v = *vp;
       if (!only.empty() && v.name != only) continue;
-      if (!pick.empty() && std::none_of(pick.begin(), pick.end(), [&](const std::string& p) {
-            return v.name.rfind(p, 0) == 0;
-          }))
-        continue;
       std::printf("%-32s", v.name.c_str());
       for (size_t mi = 0; mi < ms.size(); ++mi) {
         const int64_t m = ms[mi];
@@ -531,8 +567,11 @@ int main(int argc, char** argv) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int r = 0; r < kLaunches; ++r)
-          CK(v.run(d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m, n, k, sms, st));
+        for (int r = 0; r < kLaunches; ++r) {
+          if (g_between) CK(between_copy(d_x, d_x2, m * k * 2, st));
+          CK(v.run(g_between ? d_x2 : d_x, p.d_w + (r % p.copies) * p.wbytes, p.d_scale, d_y, m,
+                   n, k, sms, st));
+        }
         CK(cudaStreamEndCapture(st, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
         if (settle_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
@@ -570,6 +609,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     CK(cudaFree(d_x));
+    CK(cudaFree(d_x2));
     CK(cudaFree(d_y));
     CK(cudaFree(p.d_w));
     CK(cudaFree(p.d_scale));

@@ -493,6 +493,51 @@ def test_wgmma_big_route_matches_float64(m):
            f"graph replay m={m} n={n}")
 
 
+@pytest.mark.parametrize("route", ["wgmma_big_splitk", "wgmma_big_tail"])
+def test_dependent_launches_wait_for_their_inputs(route):
+    """The split and tail routes launch their second kernels (the split tiles after the whole
+    ones, the finish kernel after its split parts) as programmatic dependents: each may start
+    before the kernel ahead of it ends and must wait (pdl_wait) before it reads x or the parts,
+    or writes. Two ops in a row inside a CUDA graph, the second reading the first's output
+    through a torch op, the workspace freed and taken again between them, fresh x at every
+    replay: both outputs against float64."""
+    from ternary import _ext
+
+    _rng()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m, k1 = 64, 2048
+    # route "wgmma_big_splitk": a third of a wave of 64-token blocks, K split; tail: a wave
+    # and two blocks, the last two split
+    n1 = 128 * (sms // 3) if route == "wgmma_big_splitk" else 128 * (sms + 2) - 50
+    if _hopper_route_expected():
+        assert _ext.fused_route(m, n1, k1, 0, 0) == route
+    c1, s1 = _weights(n1, k1, "channel", 0)
+    c2, s2 = _weights(1000, n1, "tensor", 0)
+    w1, w2 = ops.repack(ops.pack(c1)), ops.repack(ops.pack(c2))
+    src = torch.randn(m, k1, dtype=torch.bfloat16, device="cuda")
+    x = torch.empty_like(src)
+
+    def chain():
+        x.copy_(src)
+        y1 = ops.gemm_fused(x, w1, s1, 0, n1)
+        x2 = torch.tanh(y1 * 0.05)
+        return y1, x2, ops.gemm_fused(x2, w2, s2, 0, 1000)
+
+    chain()  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y1, x2, y2 = chain()
+    for i in range(3):
+        src.copy_(torch.randn_like(src))
+        y1.fill_(float("nan"))
+        y2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y1, src.double() @ _dense64(c1, s1, 0).t(), torch.bfloat16, f"{route} op 1, replay {i}")
+        _check(y2, x2.double() @ _dense64(c2, s2, 0).t(), torch.bfloat16, f"{route} op 2, replay {i}")
+
+
 def test_fused_route_outside_the_hopper_range():
     """The Hopper routes take M > 32 with channel or tensor scale only; a bad size is
     refused with its value."""
