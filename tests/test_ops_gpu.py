@@ -508,7 +508,7 @@ def test_dependent_launches_wait_for_their_inputs(route):
     m, k1 = 64, 2048
     # route "wgmma_big_splitk": a third of a wave of 64-token blocks, K split; tail: a wave
     # and two blocks, the last two split
-    n1 = 128 * (sms // 3) if route == "wgmma_big_splitk" else 128 * (sms + 2) - 50
+    n1 = 128 * (sms // 3) if route == "wgmma_big_splitk" else 128 * (sms + 2) - 48
     if _hopper_route_expected():
         assert _ext.fused_route(m, n1, k1, 0, 0) == route
     c1, s1 = _weights(n1, k1, "channel", 0)
