@@ -21,7 +21,6 @@
 // without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
 // 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
 #include <atomic>
-#include <utility>
 #include <type_traits>
 #include <cuda.h>  // CUtensorMap (the type only: the encoder comes from the runtime)
 #include <cuda_bf16.h>
@@ -181,10 +180,12 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization
-// attribute where pdl (which the caller sets only on sm_90+ devices)
+// attribute where pdl (which the caller sets only on sm_90+ devices). A launch the attribute
+// makes fail (a driver or platform without programmatic launch; none seen so far) is made
+// again plainly, which only orders it more strictly.
 template <typename... P, typename... A>
 cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                     cudaStream_t stream, bool pdl, A&&... args) {
+                     cudaStream_t stream, bool pdl, const A&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -195,7 +196,13 @@ cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess && pdl) {
+    (void)cudaGetLastError();
+    cfg.numAttrs = 0;
+    e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  }
+  return e;
 }
 
 // The wgmma kernels' weight rings: each consumer thread cp.asyncs its own 16-byte piece of
