@@ -1471,21 +1471,22 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
   // (selector nibbles fb, 4 + fb, 2 + fb, 6 + fb: one multiply-add where the loop rebuilds it)
   const uint32_t sel = 0x6240u + 0x1111u * (uint32_t)(flo >> 1);
+  // A source lane s (its piece: k 16 s .. 16 s + 15, the k16 step s) packs two words, P0 from
+  // its words 0 and 2 for receivers t = 0, 1 and P1 from words 1 and 3 for t = 2, 3. One xor
+  // shuffle puts each lane's P1 on its partner t ^ 2, so r01 holds step 0 and 1's words on
+  // lanes 0, 1 (P0) and 2, 3 (P1), and r23 those of steps 2 and 3: a step is then one
+  // indexed shuffle from lane s ^ (t & 2). (Before: four prmt rounds, each tailored to its
+  // receiver, and three selects a step to find it.)
   auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
-    const uint32_t own[4] = {q.x, q.y, q.z, q.w};
-    uint32_t v[4];
+    uint32_t p0, p1;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p0) : "r"(q.x), "r"(q.z), "r"(sel));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p1) : "r"(q.y), "r"(q.w), "r"(sel));
+    const uint32_t p1x = __shfl_xor_sync(0xffffffffu, p1, 2);
+    const uint32_t r01 = (t & 2) ? p1x : p0, r23 = (t & 2) ? p0 : p1x;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {  // round e: lane t ^ e prepares what lane t needs
-      const int td = t ^ e;
-      uint32_t p;
-      asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p)
-          : "r"((td & 2) ? own[1] : own[0]), "r"((td & 2) ? own[3] : own[2]), "r"(sel));
-      v[e] = e ? __shfl_xor_sync(0xffffffffu, p, e) : p;
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {  // step s came from lane s, in round s ^ t
-      const uint32_t lo = (t & 1) ? v[s ^ 1] : v[s], hi = (t & 1) ? v[s ^ 3] : v[s ^ 2];
-      const uint32_t word = ((t & 2) ? hi : lo) >> (2 * (t & 1));  // u' = t % 2
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t x = __shfl_sync(0xffffffffu, s < 2 ? r01 : r23, s ^ (t & 2), 4);
+      const uint32_t word = x >> (2 * (t & 1));  // u' = t % 2
       // f = flo + (i & 1), u = i >> 1. Odd i are the A rows g + 8: read in place at bits 4-5,
       // as 16 (c - 1) (exact), which the epilogue's scale of those rows takes back out
       // (kBigHiUnscale), so a word takes one shift instead of three
