@@ -1381,8 +1381,8 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // x arrives in its own k order here, so the A fragment must too: lane (g, t) needs, for k16
 // step s, words t / 2 and 2 + t / 2 of lane (g, s)'s 16 bytes (the tile layout above holds
 // physical k = 16 t + 4 s' + 2 u' + h in word s' of lane t). Each lane cp.asyncs its own 16
-// bytes (8-deep ring); in round e, lane t ^ e picks for lane t the two words and with one prmt
-// the bytes of this warp's channels, and a shuffle hands them over (3 a k tile).
+// bytes (8-deep ring), packs the bytes of this warp's channels into two words (one prmt each),
+// and a k16 step takes its word by one indexed shuffle within the quad (5 a k tile; decode).
 // setmaxnreg gives the consumers 232 registers (128 fp32 accumulators, two k tiles of A).
 // Block b of a launch takes tile tile0 + b (row block t % row_blocks, channel block
 // t / row_blocks). With ws, K is split gridDim.z ways: the fp32 parts go to ws, a 256 x 128
@@ -1713,10 +1713,10 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
     // 256-token tiles past a wave, unsplit: one block an SM over the tiles (the persistent
     // kernel keeps two stages of a tile for its output, so it needs two k tiles)
     const bool p = BNX == kBigRows && z == 1 && count > sms && k / kTileK >= 2;
-    cudaError_t e = launch_k(p ? persistent : kernel, dim3((unsigned)(p ? sms : count), 1, (unsigned)z),
-                             dim3(384), kSmem, stream, follows,
-                             reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-                             z > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
+    const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);
+    cudaError_t e = launch_k(p ? persistent : kernel, grid, dim3(384), kSmem, stream, follows,
+                             reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias,
+                             (T*)y, z > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
                              (int)((n + kTileN - 1) / kTileN), per_tensor, (int)tile0, (int)mb,
                              (int)count, xmap);
     if (e == cudaSuccess && z > 1) {
