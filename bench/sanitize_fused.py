@@ -28,6 +28,9 @@ for dtype in (torch.bfloat16, torch.float16):
                        (12, 112 * SMS + 8, 704, 0),
                        # M <= 8, 4 or more blocks an SM: two n tiles a step, odd last tile
                        (2, 4 * SMS * 32 + 8, 192, 0),
+                       # M <= 8, 0.5-1.5 blocks an SM: 16 warps, 2-deep ring, x from global
+                       # (K of 11 tiles: unequal warp steps); one block past the SMs
+                       (5, 32 * SMS + 8, 704, 0),
                        # M 17-128 (two n tiles a warp step): odd tile count, ring wraps,
                        # K of one tile; group scale up to FUSED_MAX_M
                        (33, 389, 1000, 0), (128, 70, 260, 64), (80, 128 * SMS + 8, 128, 0),

@@ -1796,6 +1796,8 @@ enum class FusedKernel {
   kGroup,       // group scales: fused_gemm, one m16 tile a block
   kDecode,      // M <= 8: the decode kernel, one n tile a step
   kDecodePair,  // M <= 8 where that grid has 4 or more blocks an SM: two n tiles a step
+  kDecodeShallow,  // M <= 8 where that grid has 0.5-1.5 blocks an SM: 16 warps, a 2-deep ring,
+                   // x from global
   kDecodeWide,  // M 9-16 where the grid has more blocks than SMs (outside kDecodeNt2W4's
                 // band): two n tiles a step, 4 or 8 warps
   kDecodeNt2,   // M 9-16 where the grid is at most one block an SM: two m tiles, one n tile
@@ -1812,7 +1814,10 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
   if (group_size) return {m <= 8 ? FusedKernel::kGroupHalf : FusedKernel::kGroup, {}};
   if (m <= 8) {
     const int64_t tiles = (n + kTileN - 1) / kTileN;
-    return {tiles >= 4 * (int64_t)num_sms ? FusedKernel::kDecodePair : FusedKernel::kDecode, {}};
+    if (tiles >= 4 * (int64_t)num_sms) return {FusedKernel::kDecodePair, {}};
+    if (2 * tiles > num_sms && 2 * tiles <= 3 * (int64_t)num_sms)
+      return {FusedKernel::kDecodeShallow, {}};
+    return {FusedKernel::kDecode, {}};
   }
   if (m <= 16) {
     const int64_t tiles = (n + kTileN - 1) / kTileN, sms = num_sms;
@@ -1970,6 +1975,17 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     case FusedKernel::kDecodePair:
       return launch_decode<T, 4, 1, 2, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream, 4);
+    // Seventeenth session, lab, M = 1 / 4 / 8, us, after a plain kernel that writes x, two runs
+    // in reversed order (second shown): kDecode -> this (16 warps, 2-deep ring, x not staged):
+    // 4096 x 4096 (128 blocks) 6.53 / 6.72 / 6.74 -> 6.23 / 6.39 / 6.43, 4096 x 6144 (192)
+    // 7.96 / 8.20 / 8.59 -> 7.44 / 7.65 / 7.75, 5120 x 5120 (160) 8.82 / 9.10 / 9.23 -> 8.20 /
+    // 8.39 / 8.50, 8192 x 6144 (192) 10.94 / 11.17 / 11.39 -> 10.40 / 10.61 / 10.75, 11008 x
+    // 4096 (128) 9.29 / 9.31 / 9.51 -> 9.11 / 9.38 / 9.55. Outside the band it loses or ties:
+    // 4096 x 12288 (384 blocks) 9.21 -> 10.29 at M = 1, 4096 x 1024 (32) 5.52 -> 5.26 in one
+    // run and 5.18 -> 5.26 in the other. (Staging x, the same ring loses 0.3-0.7 us at M = 1.)
+    case FusedKernel::kDecodeShallow:
+      return launch_decode<T, 2, 1, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
+                                                   per_tensor, num_sms, stream, 16);
     case FusedKernel::kDecodeWide: {
       // 8 warps where the grid is at most one block an SM (at 126 registers only two 8-warp
       // blocks fit an SM). Lab, eleventh session, M = 12 / 16, us, 4 warps -> 8: 4096 x 6144
@@ -2174,6 +2190,7 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kGroup: return "fused_gemm";
     case FusedKernel::kDecode:
     case FusedKernel::kDecodePair:
+    case FusedKernel::kDecodeShallow:
     case FusedKernel::kDecodeWide:
     case FusedKernel::kDecodeNt2:
     case FusedKernel::kDecodeNt2W4: return "decode";

@@ -341,7 +341,10 @@ def test_decode_kernel_every_warp_count_and_scale(m):
     one-n-tile blocks an SM, which keep one n tile with 4 warps (N of 80 x SMs + 8, K of 11
     tiles); grids of 4 or more blocks an SM at M <= 8 take two n tiles (the two N of
     4 x SMs x 32 + 8 and + 40, in both dtypes). At M > 8, 3-4 tiles an SM take two n tiles
-    with 8 warps (N of 112 x SMs + 8, K of 11 tiles), more take 4 (4 x SMs x 32 + 8)."""
+    with 8 warps (N of 112 x SMs + 8, K of 11 tiles), more take 4 (4 x SMs x 32 + 8). Grids
+    of 0.5-1.5 one-n-tile blocks an SM at M <= 8 take 16 warps, a 2-deep ring and x from
+    global (N of 24 x SMs + 8: fewer blocks than SMs; 32 x SMs + 8: one more, two 16-warp
+    blocks on some SMs at 64 registers)."""
     _rng(m)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bf16, f16 = torch.bfloat16, torch.float16
@@ -351,7 +354,9 @@ def test_decode_kernel_every_warp_count_and_scale(m):
                               (4 * sms * 32 + 8, 128, "channel", bf16),
                               (4 * sms * 32 + 40, 704, "tensor", f16),
                               (80 * sms + 8, 704, "channel", f16),
-                              (112 * sms + 8, 704, "tensor", bf16)):
+                              (112 * sms + 8, 704, "tensor", bf16),
+                              (24 * sms + 8, 832, "channel", f16),
+                              (32 * sms + 8, 704, "tensor", bf16)):
         codes, scale = _weights(n, k, mode, 0)
         x = torch.randn(m, k, dtype=dtype, device="cuda")
         bias = torch.randn(n, dtype=dtype, device="cuda")
