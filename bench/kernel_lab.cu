@@ -231,6 +231,12 @@ std::vector<Variant> variants() {
   v.push_back({"dx-nb1-se-s2-w16", 8, decode<1, 1, 0, 2, 0, true>(16)});
   v.push_back({"dx-nb1-se-s2-w8", 8, decode<1, 1, 0, 2, 0, true>(8)});
   v.push_back({"dx-nb1-se-s2-w4", 8, decode<1, 1, 0, 2, 0, true>(4)});
+  // M 9-16 (two batch blocks) with the 2-deep ring
+  v.push_back({"dx-nb2nt1-se-s2", 16, decode<2, 1, 0, 2, 0, true>(0)});
+  v.push_back({"dx-nb2nt1-se-s2-w8", 16, decode<2, 1, 0, 2, 0, true>(8)});
+  v.push_back({"dx-nb2nt1-se-s2-w16", 16, decode<2, 1, 0, 2, 0, true>(16)});
+  v.push_back({"dx-nb2nt2-se-s2-w8", 16, decode<2, 2, 0, 2, 0, true>(8)});
+  v.push_back({"dx-nb2nt2-se-s2-w16", 16, decode<2, 2, 0, 2, 0, true>(16)});
   v.push_back({"dx-nb1-xs2-se-s2-w16", 8, decode<1, 1, 0, 2, 2, true>(16)});
   v.push_back({"dx-nb2nt1-se-s8", 16, decode<2, 1, 0, 8, 0, true>(0)});
   v.push_back({"dx-nb2nt2-se-s8-w8", 16, decode<2, 2, 0, 8, 0, true>(8)});
