@@ -13,6 +13,7 @@
 // A variant that has not finished after --hang-s seconds (default 30) ends the run with
 // "HUNG: <variant and shape>" and exit status 3 (ncu's --only runs wait without a limit).
 #include "../csrc/fused.cu"
+#include "cuda_check.cuh"
 
 #include <algorithm>
 #include <chrono>
@@ -29,15 +30,6 @@
 using namespace ternary;
 using bf16 = __nv_bfloat16;
 
-#define CK(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-                   cudaGetErrorString(e_));                                              \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 // A kernel that never finishes (a barrier or setmaxnreg deadlock in a lab variant) would hold
 // the device call to its limit: the lab's waits poll instead, and after --hang-s seconds

@@ -23,6 +23,7 @@
 // and run on the GPU machine (carry the binary): bench/wgmma_overlap_probe [iters]. Prints a
 // table.
 #include "../csrc/fused.cu"
+#include "cuda_check.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -31,16 +32,6 @@
 
 using namespace ternary;
 using bf16 = __nv_bfloat16;
-
-#define CK(call)                                                                            \
-  do {                                                                                      \
-    cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                     \
-                   cudaGetErrorString(e_));                                                 \
-      std::exit(2);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 // DP: a decode with no exchange between lanes, for a layout (not the production one) that gives
 // each lane its own 8 bytes a k tile: one LDS.64, then per word the shifts 0, 2, 8, 10 put row
@@ -52,28 +43,6 @@ enum Role { kIdle = 0, kT = 1, kD = 2, kTD = 3, kDP = 4, kTDP = 5, kDR = 6, kTDR
 constexpr int kRawBytes = 8192;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // fused.cu's wgmma helpers exist in the sm_90a pass only
-// the production decode (fused_wgmma_big_kernel's lambda), lane roles as there
-__device__ __forceinline__ void probe_decode(const uint4& q, uint32_t (&a)[4][4], int t,
-                                             uint32_t sel) {
-  uint32_t p0, p1;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p0) : "r"(q.x), "r"(q.z), "r"(sel));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p1) : "r"(q.y), "r"(q.w), "r"(sel));
-  const uint32_t p1x = __shfl_xor_sync(0xffffffffu, p1, 2);
-  const uint32_t r01 = (t & 2) ? p1x : p0, r23 = (t & 2) ? p0 : p1x;
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const uint32_t x = __shfl_sync(0xffffffffu, s < 2 ? r01 : r23, s ^ (t & 2), 4);
-    const uint32_t word = x >> (2 * (t & 1));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t v = (i >> 1) ? word >> 8 : word;
-      a[s][i] = add_x2((bf16*)nullptr,
-                       lop3_and_or(v, (i & 1) ? 0x00300030u : 0x00030003u, WgDec<bf16>::kMagic),
-                       (i & 1) ? WgDec<bf16>::kSub16 : WgDec<bf16>::kSub);
-    }
-  }
-}
-
 __device__ __forceinline__ void probe_decode_private(const uint2& q, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
@@ -141,7 +110,7 @@ __device__ __forceinline__ void probe_loop(int iters, int lane, int t, uint32_t 
       }
       if constexpr (kProd) {
         wg_pin(a[u ^ 1]);
-        probe_decode(q, a[u ^ 1], t, sel);
+        wg_big_decode<bf16>(q, a[u ^ 1], t, sel);  // production's decode
         wg_pin(a[u]);
         if constexpr (kMma) wg_pin(d);  // (on a path without wgmma ptxas would serialize: C7515)
         q = raw[((it + u) * 32 + lane) & (kRawBytes / 16 - 1)];

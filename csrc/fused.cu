@@ -1069,6 +1069,39 @@ template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// wgmma_big's decode of a lane's raw piece q into the A fragments of its k tile's four k16
+// steps; t = lane % 4, sel picks the bytes of the warp's channels (fused_wgmma_big_kernel).
+// A source lane s (its piece: k 16 s .. 16 s + 15, the k16 step s) packs two words, P0 from
+// its words 0 and 2 for receivers t = 0, 1 and P1 from words 1 and 3 for t = 2, 3. One xor
+// shuffle puts each lane's P1 on its partner t ^ 2, so r01 holds step 0 and 1's words on
+// lanes 0, 1 (P0) and 2, 3 (P1), and r23 those of steps 2 and 3: a step is then one
+// indexed shuffle from lane s ^ (t & 2). (Before: four prmt rounds, each tailored to its
+// receiver, and three selects a step to find it.)
+template <typename T>
+__device__ __forceinline__ void wg_big_decode(const uint4& q, uint32_t (&a)[4][4], int t,
+                                            uint32_t sel) {
+  uint32_t p0, p1;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p0) : "r"(q.x), "r"(q.z), "r"(sel));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p1) : "r"(q.y), "r"(q.w), "r"(sel));
+  const uint32_t p1x = __shfl_xor_sync(0xffffffffu, p1, 2);
+  const uint32_t r01 = (t & 2) ? p1x : p0, r23 = (t & 2) ? p0 : p1x;
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t x = __shfl_sync(0xffffffffu, s < 2 ? r01 : r23, s ^ (t & 2), 4);
+    const uint32_t word = x >> (2 * (t & 1));  // u' = t % 2
+    // f = flo + (i & 1), u = i >> 1. Odd i are the A rows g + 8: read in place at bits 4-5,
+    // as 16 (c - 1) (exact), which the epilogue's scale of those rows takes back out
+    // (kBigHiUnscale), so a word takes one shift instead of three
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t v = (i >> 1) ? word >> 8 : word;
+      a[s][i] = add_x2((T*)nullptr,
+                       lop3_and_or(v, (i & 1) ? 0x00300030u : 0x00030003u, WgDec<T>::kMagic),
+                       (i & 1) ? WgDec<T>::kSub16 : WgDec<T>::kSub);
+    }
+  }
+}
+
 // One k tile of both wgmma kernels: the four k16 steps of A (registers) against the x stage
 // whose descriptor low word is stage_lo, committed as one group; returns once the previous
 // group retired (this one stays in flight while the caller decodes the next A).
@@ -1471,34 +1504,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
   // k-half-1 word B, as A B A B: then (f, u) sits at bit 8 u + 4 (f - flo) + 2 u' + 16 h
   // (selector nibbles fb, 4 + fb, 2 + fb, 6 + fb: one multiply-add where the loop rebuilds it)
   const uint32_t sel = 0x6240u + 0x1111u * (uint32_t)(flo >> 1);
-  // A source lane s (its piece: k 16 s .. 16 s + 15, the k16 step s) packs two words, P0 from
-  // its words 0 and 2 for receivers t = 0, 1 and P1 from words 1 and 3 for t = 2, 3. One xor
-  // shuffle puts each lane's P1 on its partner t ^ 2, so r01 holds step 0 and 1's words on
-  // lanes 0, 1 (P0) and 2, 3 (P1), and r23 those of steps 2 and 3: a step is then one
-  // indexed shuffle from lane s ^ (t & 2). (Before: four prmt rounds, each tailored to its
-  // receiver, and three selects a step to find it.)
-  auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) {
-    uint32_t p0, p1;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p0) : "r"(q.x), "r"(q.z), "r"(sel));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p1) : "r"(q.y), "r"(q.w), "r"(sel));
-    const uint32_t p1x = __shfl_xor_sync(0xffffffffu, p1, 2);
-    const uint32_t r01 = (t & 2) ? p1x : p0, r23 = (t & 2) ? p0 : p1x;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t x = __shfl_sync(0xffffffffu, s < 2 ? r01 : r23, s ^ (t & 2), 4);
-      const uint32_t word = x >> (2 * (t & 1));  // u' = t % 2
-      // f = flo + (i & 1), u = i >> 1. Odd i are the A rows g + 8: read in place at bits 4-5,
-      // as 16 (c - 1) (exact), which the epilogue's scale of those rows takes back out
-      // (kBigHiUnscale), so a word takes one shift instead of three
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t v = (i >> 1) ? word >> 8 : word;
-        a[s][i] = add_x2((T*)nullptr,
-                         lop3_and_or(v, (i & 1) ? 0x00300030u : 0x00030003u, WgDec<T>::kMagic),
-                         (i & 1) ? WgDec<T>::kSub16 : WgDec<T>::kSub);
-      }
-    }
-  };
+  auto decode = [&](const uint4& q, uint32_t (&a)[4][4]) { wg_big_decode<T>(q, a, t, sel); };
   float d[BNX / 2];
   uint32_t a[2][4][4];
   uint4 q[2];
