@@ -1988,7 +1988,7 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     // 8.39 / 8.50, 8192 x 6144 (192) 10.94 / 11.17 / 11.39 -> 10.40 / 10.61 / 10.75, 11008 x
     // 4096 (128) 9.29 / 9.31 / 9.51 -> 9.11 / 9.38 / 9.55. Outside the band it loses or ties:
     // 4096 x 12288 (384 blocks) 9.21 -> 10.29 at M = 1, 4096 x 1024 (32) 5.52 -> 5.26 in one
-    // run and 5.18 -> 5.26 in the other. (Staging x, the same ring loses 0.3-0.7 us at M = 1.)
+    // run and 5.18 -> 5.26 in the other. (Staging x, the same ring loses 0.3-1.1 us at M = 1.)
     case FusedKernel::kDecodeShallow:
       return launch_decode<T, 2, 1, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream, 16);
