@@ -30,7 +30,6 @@
 using namespace ternary;
 using bf16 = __nv_bfloat16;
 
-
 // A kernel that never finishes (a barrier or setmaxnreg deadlock in a lab variant) would hold
 // the device call to its limit: the lab's waits poll instead, and after --hang-s seconds
 // (default 30) it names what was running and exits (the driver tears the context down).
