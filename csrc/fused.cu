@@ -2194,12 +2194,14 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
   switch (r.kernel) {
     case FusedKernel::kGroupHalf: return "fused_gemm_half";
     case FusedKernel::kGroup: return "fused_gemm";
-    case FusedKernel::kDecode:
-    case FusedKernel::kDecodePair:
-    case FusedKernel::kDecodeShallow:
-    case FusedKernel::kDecodeWide:
-    case FusedKernel::kDecodeNt2:
-    case FusedKernel::kDecodeNt2W4: return "decode";
+    // the decode kernel's instances (launch_fused_typed), each named so a test can tell which
+    // one a shape takes; all begin with "decode"
+    case FusedKernel::kDecode: return "decode";
+    case FusedKernel::kDecodePair: return "decode_pair";
+    case FusedKernel::kDecodeShallow: return "decode_shallow";
+    case FusedKernel::kDecodeWide: return "decode_wide";
+    case FusedKernel::kDecodeNt2: return "decode_nt2";
+    case FusedKernel::kDecodeNt2W4: return "decode_nt2_w4";
     case FusedKernel::kWgmmaRs: return r.wg.splits > 1 ? "wgmma_rs_splitk" : "wgmma_rs";
     case FusedKernel::kWgmmaBig:
       return r.wg.splits == 1 ? "wgmma_big" : r.wg.tail ? "wgmma_big_tail" : "wgmma_big_splitk";

@@ -66,7 +66,8 @@ def build_info() -> dict[str, object] | None:
 
 def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> str:
     """The CUDA kernel ternary::gemm_fused picks for x [m, k] and n outputs on `device`
-    ("decode", "fused_gemm", "fused_gemm_nt", "wgmma_rs", ...). Needs ternary._C."""
+    ("decode", "decode_pair", "decode_shallow", ..., "fused_gemm", "fused_gemm_nt",
+    "wgmma_rs", ...; the decode kernel's instances all begin with "decode"). Needs ternary._C."""
     return str(fused_plan(m, n, k, group_size, device)["route"])
 
 
