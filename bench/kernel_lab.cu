@@ -280,6 +280,20 @@ std::vector<Variant> variants() {
   v.push_back({"abl-nox", 8, decode<1, 1, 8, 4, 1, true>(0)});
   v.push_back({"abl-stream-only", 8, decode<1, 1, 15, 4, 1, true>(0)});
   v.push_back({"abl-empty", 8, decode<1, 1, 31, 4, 1, true>(0)});
+  // the M 9-16 instances as routed (kDecodeNt2, kDecodeNt2W4, kDecodeWide at 4 and 8 warps),
+  // each also without its x loads (timing only): what x from L2 costs at 16 tokens, where
+  // every block reads all of x
+  v.push_back({"m16-nt2", 16, decode<2, 1, 0, 4, 0, true>(0)});
+  v.push_back({"m16-nt2-w4", 16, decode<2, 1, 0, 4, 0, true>(4)});
+  v.push_back({"m16-wide-w4", 16, decode<2, 2, 0, 4, 0, true>(4)});
+  v.push_back({"m16-wide-w8", 16, decode<2, 2, 0, 4, 0, true>(8)});
+  v.push_back({"abl-m16-nt2-nox", 16, decode<2, 1, 8, 4, 0, true>(0)});
+  v.push_back({"abl-m16-nt2-w4-nox", 16, decode<2, 1, 8, 4, 0, true>(4)});
+  v.push_back({"abl-m16-wide-w4-nox", 16, decode<2, 2, 8, 4, 0, true>(4)});
+  v.push_back({"abl-m16-wide-w8-nox", 16, decode<2, 2, 8, 4, 0, true>(8)});
+  v.push_back({"abl-m16-nt2-stream", 16, decode<2, 1, 15, 4, 0, true>(0)});
+  v.push_back({"abl-m16-nt2-w4-stream", 16, decode<2, 1, 15, 4, 0, true>(4)});
+  v.push_back({"abl-m16-wide-w4-stream", 16, decode<2, 2, 15, 4, 0, true>(4)});
   return v;
 }
 
