@@ -5,6 +5,7 @@
 // run on the GPU machine:
 //   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
 //                    [--sustain MS] [--hang-s S] [--between 0|1|2] [--dequant] [--json out.json]
+//   bench/kernel_lab --max-clusters   (how many clusters of 1-8 wgmma_big blocks fit at once)
 //   bench/kernel_lab --only VARIANT --shape KxN --m M --reps R   (a workload for ncu)
 // Timing: a CUDA graph of 20 launches, each on another copy of the weights (copies fill
 // 3x the L2, so every launch reads its weights from DRAM); median of 15 replays. --settle
@@ -432,7 +433,7 @@ int main(int argc, char** argv) {
   std::string only, json;
   std::vector<std::string> pick;  // --pick a b c: time only variants whose names start so
   int reps = 3, settle_ms = 0, sustain_ms = 0;  // --settle, --sustain: see the top
-  bool dequant = false;
+  bool dequant = false, max_clusters = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto shape_of = [](const char* s) {
@@ -466,6 +467,8 @@ int main(int argc, char** argv) {
       dequant = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
+    } else if (a == "--max-clusters") {
+      max_clusters = true;
     } else {
       std::fprintf(stderr, "unknown argument '%s'\n", a.c_str());
       return 2;
@@ -475,6 +478,31 @@ int main(int argc, char** argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+  if (max_clusters) {
+    // how many clusters of c blocks of the 64-token wgmma_big (one block an SM) run at once
+    // (a K split as a cluster needs all of them resident: bench/NOTES.md, eighteenth session)
+    auto kern = fused_wgmma_big_kernel<bf16, 64, 8, false>;
+    constexpr int kSmem = 8 * 64 * kTileK * 2 + 8 * 256 * 16 + 2 * 8 * 8 + 1024;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    for (int c : {1, 2, 4, 8}) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(1, 1, c);
+      cfg.blockDim = dim3(384);
+      cfg.dynamicSmemBytes = kSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = c;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int count = 0;
+      CK(cudaOccupancyMaxActiveClusters(&count, kern, &cfg));
+      std::printf("clusters of %d blocks (wgmma_big, 64 tokens) at once: %d (%d blocks)\n", c,
+                  count, c * count);
+    }
+    return 0;
+  }
   std::mt19937 rng(12345);
   const auto vars = variants();
   FILE* js = json.empty() ? nullptr : std::fopen(json.c_str(), "w");
