@@ -281,13 +281,9 @@ std::vector<Variant> variants() {
   v.push_back({"abl-nox", 8, decode<1, 1, 8, 4, 1, true>(0)});
   v.push_back({"abl-stream-only", 8, decode<1, 1, 15, 4, 1, true>(0)});
   v.push_back({"abl-empty", 8, decode<1, 1, 31, 4, 1, true>(0)});
-  // the M 9-16 instances as routed (kDecodeNt2, kDecodeNt2W4, kDecodeWide at 4 and 8 warps),
-  // each also without its x loads (timing only): what x from L2 costs at 16 tokens, where
-  // every block reads all of x
-  v.push_back({"m16-nt2", 16, decode<2, 1, 0, 4, 0, true>(0)});
-  v.push_back({"m16-nt2-w4", 16, decode<2, 1, 0, 4, 0, true>(4)});
-  v.push_back({"m16-wide-w4", 16, decode<2, 2, 0, 4, 0, true>(4)});
-  v.push_back({"m16-wide-w8", 16, decode<2, 2, 0, 4, 0, true>(8)});
+  // the M 9-16 instances as routed (kDecodeNt2 = dx-nb2nt1-se, kDecodeNt2W4 = dx-nb2nt1-se-w4,
+  // kDecodeWide = dx-nb2nt2-se / -w8) without their x loads, and with the weight stream only
+  // (timing only): what x from L2 costs at 16 tokens, where every block reads all of x
   v.push_back({"abl-m16-nt2-nox", 16, decode<2, 1, 8, 4, 0, true>(0)});
   v.push_back({"abl-m16-nt2-w4-nox", 16, decode<2, 1, 8, 4, 0, true>(4)});
   v.push_back({"abl-m16-wide-w4-nox", 16, decode<2, 2, 8, 4, 0, true>(4)});
@@ -482,7 +478,7 @@ int main(int argc, char** argv) {
     // how many clusters of c blocks of the 64-token wgmma_big (one block an SM) run at once
     // (a K split as a cluster needs all of them resident: bench/NOTES.md, eighteenth session)
     auto kern = fused_wgmma_big_kernel<bf16, 64, 8, false>;
-    constexpr int kSmem = 8 * 64 * kTileK * 2 + 8 * 256 * 16 + 2 * 8 * 8 + 1024;
+    constexpr int kSmem = wgmma_big_smem<64, 8>();
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     for (int c : {1, 2, 4, 8}) {
       cudaLaunchConfig_t cfg = {};

@@ -1679,6 +1679,12 @@ int64_t wgmma_big_workspace_floats(int splits, int64_t split_tiles, int bnx) {
   return splits > 1 ? splits * split_tiles * bnx * 128 : 0;
 }
 
+// fused_wgmma_big_kernel's dynamic shared memory: the x ring, the weight ring, the barriers and
+// the slack for its 1024-byte alignment
+template <int BNX, int S> constexpr int wgmma_big_smem() {
+  return S * BNX * kTileK * 2 + 8 * kBigConsumers * 16 + 2 * S * 8 + 1024;
+}
+
 // tail 0: every tile split `splits` ways (1: none). tail > 0: the first tiles unsplit, then
 // the last `tail` tiles (the partial wave) split `splits` ways in a second launch.
 template <typename T, int BNX, int S, int ABL = 0>
@@ -1690,7 +1696,7 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   // TMA: a 16-byte aligned base and row stride
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
-  constexpr int kSmem = S * BNX * kTileK * 2 + 8 * 256 * 16 + 2 * S * 8 + 1024;
+  constexpr int kSmem = wgmma_big_smem<BNX, S>();
   auto kernel = fused_wgmma_big_kernel<T, BNX, S, false, ABL>;
   // persistent only with 256-token tiles (lab, fourteenth session, us, one tile a block ->
   // persistent, two runs each: 4096 x 4096 M=4096 186.8 / 189.7 -> 180.0 / 179.9, 4096 x 22016
