@@ -9,17 +9,19 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from ternary.commands import positive_int
+
     p.add_argument("src", help="source model directory")
     p.add_argument("dst", help="output directory (new or empty)")
     p.add_argument("--from", dest="source_format", choices=("bitnet", "vendor-int8", "dense"),
                    help="source format (default: detected; an explicit one must match)")
     p.add_argument("--code-map", choices=("neg-zero-pos", "zero-pos-neg"),
                    help="vendor-int8: the code map, when detection cannot tell")
-    p.add_argument("--group-size", type=int,
+    p.add_argument("--group-size", type=positive_int,
                    help="vendor-int8: the group size the scale columns are stored at")
     p.add_argument("--not-convert", action="append", default=[], metavar="MODULE",
                    help="keep MODULE (and what is inside it) unquantized; repeatable")
-    p.add_argument("--max-shard-size", type=int, default=2 << 30, metavar="BYTES",
+    p.add_argument("--max-shard-size", type=positive_int, default=2 << 30, metavar="BYTES",
                    help="largest output shard (default 2 GiB)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 

@@ -7,10 +7,12 @@ import json
 
 
 def add_arguments(p) -> None:
+    from ternary.commands import positive_int
+
     p.add_argument("dir", help="model directory")
     p.add_argument("--code-map", choices=("neg-zero-pos", "zero-pos-neg"),
                    help="vendor-int8: the code map, when detection cannot tell")
-    p.add_argument("--group-size", type=int,
+    p.add_argument("--group-size", type=positive_int,
                    help="vendor-int8: the group size the scale columns are stored at")
     p.add_argument("--json", action="store_true", help="print JSON")
 

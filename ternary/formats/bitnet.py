@@ -65,6 +65,27 @@ def module_names(files: ModelFiles) -> list[str]:
     return m.quantized_module_names(files, "U8")
 
 
+def _padding_rows(files: ModelFiles, wt: str, fields: torch.Tensor, problems: list[Problem]
+                  ) -> bool:
+    """Without N from config.json the module reads as all 4 R rows of its packing (fields).
+    Rows whose codes are 0 across all of K (w = -1 everywhere) at the end are what padding N
+    up to a multiple of 4 leaves, so N is then ambiguous: a problem, not a silent -1 * scale
+    row."""
+    rows = fields.shape[0]
+    pad = 0
+    while pad < 3 and bool((fields[rows - 1 - pad] == 0).all()):
+        pad += 1
+    if not pad:
+        return True
+    problems.append(m.problem(
+        files, wt, f"config.json does not give N, and the last {pad} of the {rows} rows the "
+        f"packing holds are all code 0 (w = -1 across K), which is what padding N up to a "
+        f"multiple of 4 leaves: N is anywhere from {rows - pad} to {rows}",
+        "add the model's sizes (hidden_size, num_attention_heads, intermediate_size, ...) "
+        "to config.json"))
+    return False
+
+
 def read(files: ModelFiles, name: str, state: dict,
          problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
@@ -100,13 +121,16 @@ def read(files: ModelFiles, name: str, state: dict,
                                       "the weights do not belong to this config.json"))
             ok = False
         ok = m.check_config_shape(files, wt, None, k, exp, problems) and ok
-    if not ok or state["linear_class"] is None:
+    if not ok:
         return None
+    # (with a bad quantization_config too: inspect lists every problem, not the first)
     packed, stored = files.get(wt), files.get(st)
     ok = m.check_scale_values(files, st, stored, problems)
     fields = unpack_rows(packed, n)
     ok = m.report_code3(files, wt, fields, "packed along N in four row blocks", problems) and ok
-    if len(problems) > start or not ok:
+    if exp is None and ok:
+        ok = _padding_rows(files, wt, fields, problems)
+    if len(problems) > start or not ok or state["linear_class"] is None:
         return None
     s = stored.reshape(1).to(torch.float32)
     if state["linear_class"] == "bitlinear":

@@ -103,13 +103,14 @@ def read(files: ModelFiles, name: str, state: dict,
                 f"{shape} (N={n}, K={k}); expected {want}",
                 "the scale and the weight disagree about N or K: re-export the module"))
             ok = False
-    if not ok or mode is None:
+    if not ok:
         return None
+    # (with a bad quantization_config too: inspect lists every problem, not the first)
     packed, scale = files.get(wt), files.get(st)
     ok = m.check_scale_values(files, st, scale, problems)
     fields = torch.stack(m.two_bit_planes(packed), dim=-1).reshape(n, k)
     ok = m.report_code3(files, wt, fields, "packed along K", problems) and ok
-    if len(problems) > start or not ok:
+    if len(problems) > start or not ok or mode is None:
         return None
     return m.TernaryModule(name, n, k, scale, g if mode == "group" else 0, str(files.file_of(wt)),
                            packed_=packed,

@@ -44,6 +44,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     """Write `src` (bitnet, vendor-int8 or dense) to `dst` in the canonical format.
     `progress(done_bytes, total_bytes, tensor)` is called after each source tensor."""
     src, dst = Path(src), Path(dst)
+    if dst.exists() and not dst.is_dir():
+        raise FormatError(dst, None, "destination exists and is not a directory",
+                          "choose a new directory")
     if dst.exists() and (dst.resolve() == src.resolve() or any(dst.iterdir())):
         raise FormatError(dst, None, "destination exists and is not empty",
                           "choose a new directory or remove it first")

@@ -15,6 +15,9 @@ import torch
 from ternary.formats.errors import FormatError
 
 CONFIG = "config.json"
+# the config.json sizes that fix a projection's shape (ternary.formats.modules)
+_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+          "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -42,9 +45,13 @@ def read_header(path: Path) -> dict[str, dict]:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise FormatError(path, None, f"unreadable safetensors header ({e})",
                               "re-download or re-write it") from None
+    if not isinstance(header, dict):
+        raise FormatError(path, None, f"safetensors header is a JSON {type(header).__name__}, "
+                          "not an object of tensors", "re-download or re-write it")
     header.pop("__metadata__", None)
     end = 0
     for name, info in header.items():
+        _check_entry(path, name, info)
         begin, stop = info["data_offsets"]
         count = 1
         for d in info["shape"]:
@@ -55,6 +62,17 @@ def read_header(path: Path) -> dict[str, dict]:
                               f"{info['dtype']} {info['shape']} tensor, which needs {want}",
                               "re-write the file")
         end = max(end, stop)
+    # safetensors lays the tensors out back to back from offset 0 and refuses anything else
+    # when the file is opened; say which tensor breaks it here, where the file is named
+    at = 0
+    for name, info in sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"])):
+        begin, stop = info["data_offsets"]
+        if begin != at:
+            raise FormatError(path, name, f"data_offsets {[begin, stop]} "
+                              f"{'overlap the previous tensor' if begin < at else 'leave a gap'}"
+                              f" (the data so far ends at byte {at})",
+                              "re-download or re-write the file")
+        at = stop
     if 8 + n + end > size:
         raise FormatError(path, None, f"truncated safetensors file: the tensors need "
                           f"{8 + n + end} bytes but the file has {size}",
@@ -62,12 +80,43 @@ def read_header(path: Path) -> dict[str, dict]:
     return header
 
 
+def _check_entry(path: Path, name: str, info) -> None:
+    """One header entry has the keys and types the safetensors spec gives it."""
+    def bad(what: str):
+        return FormatError(path, name, f"malformed safetensors header entry: {what}",
+                           "re-download or re-write the file")
+
+    if not isinstance(info, dict):
+        raise bad(f"a JSON {type(info).__name__} instead of an object")
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in info:
+            raise bad(f"no {key!r}")
+    if not isinstance(info["dtype"], str):
+        raise bad(f"dtype {info['dtype']!r} is not a string")
+
+    def ints(v, n=None) -> bool:
+        return (isinstance(v, list) and (n is None or len(v) == n)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
+
+    if not ints(info["shape"]):
+        raise bad(f"shape {info['shape']!r} is not a list of non-negative integers")
+    if not ints(info["data_offsets"], 2) or info["data_offsets"][0] > info["data_offsets"][1]:
+        raise bad(f"data_offsets {info['data_offsets']!r} is not [begin, end] with "
+                  "0 <= begin <= end")
+
+
 class ModelFiles:
     """Lazy access to the tensors of a model directory. Headers are read (and checked) up
-    front; tensor data is read from a memory map only when asked for."""
+    front; tensor data is read from a memory map only when asked for.
 
-    def __init__(self, model_dir: str | os.PathLike):
+    With a `problems` list, a shard whose header is unreadable or truncated is recorded
+    there and left out (its tensors in `unreadable`), so `inspect` goes on to check the
+    other shards; without one it raises."""
+
+    def __init__(self, model_dir: str | os.PathLike, problems: list | None = None):
         self.dir = Path(model_dir)
+        self._problems = problems
+        self.unreadable: dict[str, Path] = {}  # tensor -> its shard, whose header failed
         if not self.dir.is_dir():
             raise FormatError(self.dir, None, "not a directory",
                               "pass a Hugging Face model directory")
@@ -83,11 +132,15 @@ class ModelFiles:
                 raise FormatError(self.dir, None, "no *.safetensors files and no " + INDEX,
                                   "only safetensors checkpoints are supported")
             for shard in shards:
+                if self._header(shard) is None:
+                    continue
                 for name in self._header(shard):
                     if name in self._where:
                         raise FormatError(shard, name, f"tensor also stored in "
                                           f"{self._where[name].name}", "remove one copy")
                     self._where[name] = shard
+        if not self._where and self._problems:  # no shard readable: nothing to go on with
+            raise FormatError.of(self._problems[0])
         self._open: dict[Path, object] = {}
 
     def _read_config(self) -> dict:
@@ -95,30 +148,61 @@ class ModelFiles:
         if not path.exists():
             raise FormatError(path, None, "missing", "a model directory needs its config.json")
         try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            config = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise FormatError(path, None, f"not valid JSON ({e})",
                               "fix or re-download it") from None
+        if not isinstance(config, dict):
+            raise FormatError(path, None, f"is a JSON {type(config).__name__}, not an object",
+                              "fix or re-download it")
+        for key in ("quantization_config", "text_config"):
+            if config.get(key) is not None and not isinstance(config[key], dict):
+                raise FormatError(path, None, f"{key} is {config[key]!r}, not an object",
+                                  "fix config.json")
+        text = config.get("text_config") or config
+        for key in _SIZES:
+            v = text.get(key)
+            # (lists and objects are per-layer values some models use: no shape check then)
+            if v is not None and not isinstance(v, (list, dict)) and (
+                    isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise FormatError(path, None, f"{key} is {v!r}; expected a positive integer",
+                                  "fix config.json")
+        return config
 
     def _read_index(self, index: Path) -> None:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise FormatError(index, None, f"no readable weight_map ({e!r})",
                               "fix or re-download it") from None
+        if not isinstance(weight_map, dict):
+            raise FormatError(index, None, f"weight_map is a JSON {type(weight_map).__name__}, "
+                              "not an object", "fix or re-download it")
         for name, fname in weight_map.items():
+            if not isinstance(fname, str) or not fname:
+                raise FormatError(index, name, f"weight_map gives {fname!r} as its file",
+                                  "fix or re-download the index")
             shard = self.dir / fname
             if not shard.exists():
                 raise FormatError(index, name, f"maps to {fname}, which does not exist",
                                   "re-download the missing shard")
+            if self._header(shard) is None:
+                self.unreadable[name] = shard
+                continue
             if name not in self._header(shard):
                 raise FormatError(shard, name, f"listed in {INDEX} but absent from the shard",
                                   "re-download the shard or fix the index")
             self._where[name] = shard
 
-    def _header(self, shard: Path) -> dict[str, dict]:
+    def _header(self, shard: Path) -> dict[str, dict] | None:
         if shard not in self.headers:
-            self.headers[shard] = read_header(shard)
+            try:
+                self.headers[shard] = read_header(shard)
+            except FormatError as e:
+                if self._problems is None:
+                    raise
+                self._problems.append(e.record)
+                self.headers[shard] = None
         return self.headers[shard]
 
     # -- queries ---------------------------------------------------------------------
@@ -151,12 +235,19 @@ class ModelFiles:
         from safetensors import safe_open
 
         shard = self._where[name]
-        if shard not in self._open:
-            # one shard mapped at a time: pages of a memory map count as resident, and a
-            # stream over a large model would otherwise keep every shard it read mapped
-            self._open.clear()
-            self._open[shard] = safe_open(str(shard), framework="pt")
-        return self._open[shard].get_tensor(name)
+        try:
+            if shard not in self._open:
+                # one shard mapped at a time: pages of a memory map count as resident, and a
+                # stream over a large model would otherwise keep every shard it read mapped
+                self._open.clear()
+                self._open[shard] = safe_open(str(shard), framework="pt")
+            return self._open[shard].get_tensor(name)
+        except Exception as e:  # safetensors' own SafetensorError, OSError, ...
+            if isinstance(e, FormatError):
+                raise
+            raise FormatError(shard, name, f"safetensors cannot read it: "
+                              f"{type(e).__name__}: {e}",
+                              "re-download or re-write the file") from None
 
     def shards(self) -> list[Path]:
         return sorted(set(self._where.values()))
@@ -226,6 +317,6 @@ class ShardWriter:
 def iter_tensor_names(files: ModelFiles) -> Iterator[str]:
     """Tensor names shard by shard, in file order, so a stream touches each shard once."""
     for shard in files.shards():
-        for name in files.headers[shard]:
+        for name in files.headers[shard] or ():
             if files.file_of(name) == shard:
                 yield name

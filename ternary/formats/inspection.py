@@ -16,7 +16,7 @@ def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
     report = {"dir": str(model_dir), "format": None, "quantization_config": None,
               "detected": {}, "modules": [], "problems": []}
     try:
-        ckpt = Checkpoint(model_dir, **overrides)
+        ckpt = Checkpoint(model_dir, keep_going=True, **overrides)
     except FormatError as e:
         report["problems"].append(dataclasses.asdict(e.record))
         report["ok"] = False
@@ -28,7 +28,7 @@ def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
             report["detected"]["code_map"] = ckpt.state["code_map"]
             report["detected"]["code_map_evidence"] = ckpt.state["code_map_evidence"]
         if ckpt.format == dense.NAME:
-            problems = []
+            problems = list(ckpt.problems)
             for name in ckpt.module_names():
                 t = f"{name}.weight"
                 if dense.read_dense(ckpt.files, name, problems) is not None:

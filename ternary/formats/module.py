@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ternary.formats.errors import FormatError, Problem
-from ternary.formats.files import CONFIG, ModelFiles
+from ternary.formats.files import CONFIG, INDEX, ModelFiles
 
 SCALE_DTYPE = torch.float32
 
@@ -145,9 +145,14 @@ def config_ok(files: ModelFiles, found: list[tuple[str, str]], problems: list[Pr
 def require(files: ModelFiles, tensor: str, what: str, problems: list[Problem]) -> bool:
     if tensor in files:
         return True
+    if tensor in files.unreadable:  # its shard's problem is already on the list
+        return False
     near = sorted(t for t in files.names() if t.startswith(tensor.rsplit(".", 1)[0] + "."))
-    problems.append(problem(files, tensor, f"missing {what}; tensors of this module: {near}",
-                            f"the checkpoint must store {tensor}"))
+    # the file that should hold it: its module's shard, or the index that lists the shards
+    index = files.dir / INDEX
+    file = files.file_of(near[0]) if near else index if index.exists() else files.dir
+    problems.append(Problem(str(file), tensor, f"missing {what}; tensors of this module: "
+                            f"{near}", f"the checkpoint must store {tensor}"))
     return False
 
 

@@ -33,17 +33,32 @@ def is_linear(name: str, shape: list[int], modules_to_not_convert: list[str] | N
 
 def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | None:
     """[N, K] that config.json gives a Llama-style projection, with the config values used
-    (for the error message); None where config.json does not determine it."""
+    (for the error message); None where config.json does not determine it. Inside a
+    mixture of experts the MLP width is moe_intermediate_size (experts.i) or
+    shared_expert_intermediate_size (Qwen2-MoE's shared_expert), never intermediate_size."""
     text = config.get("text_config") or config
-    try:
-        hidden = int(text["hidden_size"])
-        heads = int(text["num_attention_heads"])
-    except (KeyError, TypeError, ValueError):
+
+    def size(key: str) -> int | None:
+        v = text.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
+    if hidden is None or heads is None:
         return None
-    kv = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or hidden // heads)
-    inter = text.get("intermediate_size")
-    last = name.rsplit(".", 1)[-1]
+    kv = size("num_key_value_heads") or heads
+    head_dim = size("head_dim") or hidden // heads
+    parts = name.split(".")
+    if "experts" in parts:
+        inter_key = "moe_intermediate_size"
+    elif "shared_expert" in parts:
+        inter_key = "shared_expert_intermediate_size"
+    elif any(p.startswith("shared_expert") or p.endswith("experts") for p in parts):
+        inter_key = None  # DeepSeek's shared_experts and the like: a width config.json
+        # gives only as a product of other values
+    else:
+        inter_key = "intermediate_size"
+    inter = size(inter_key) if inter_key else None
+    last = parts[-1]
     why_attn = (f"hidden_size={hidden}, num_attention_heads={heads}, "
                 f"num_key_value_heads={kv}, head_dim={head_dim}")
     table = {
@@ -53,10 +68,10 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
         "o_proj": ((hidden, heads * head_dim), why_attn),
     }
     if inter is not None:
-        why_mlp = f"hidden_size={hidden}, intermediate_size={int(inter)}"
+        why_mlp = f"hidden_size={hidden}, {inter_key}={inter}"
         table.update({
-            "gate_proj": ((int(inter), hidden), why_mlp),
-            "up_proj": ((int(inter), hidden), why_mlp),
-            "down_proj": ((hidden, int(inter)), why_mlp),
+            "gate_proj": ((inter, hidden), why_mlp),
+            "up_proj": ((inter, hidden), why_mlp),
+            "down_proj": ((hidden, inter), why_mlp),
         })
     return table.get(last)

@@ -51,9 +51,15 @@ class Checkpoint:
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, format: str | None = None,
-                 code_map: str | None = None, group_size: int | None = None):
-        self.files = ModelFiles(model_dir)
+                 code_map: str | None = None, group_size: int | None = None,
+                 keep_going: bool = False):
+        # keep_going (inspect): a shard with a bad header is a problem on the list, and the
+        # other shards are still read; otherwise it raises here
+        shard_problems: list[Problem] | None = [] if keep_going else None
+        self.files = ModelFiles(model_dir, shard_problems)
         found = detect(self.files)
+        if format in vendor_int8.ALIASES:
+            format = vendor_int8.NAME
         if format is not None and format != found:
             if format not in FORMATS:
                 raise FormatError(self.files.dir, None, f"unknown format {format!r}",
@@ -63,7 +69,14 @@ class Checkpoint:
                               f"pass --from {found}, or fix config.json")
         self.format = found
         self.impl = FORMATS[found]
-        self.problems: list[Problem] = []  # model-level ones, from prepare
+        if found != vendor_int8.NAME and (code_map is not None or group_size is not None):
+            given = " and ".join(f"{k}={v!r}" for k, v in (("code_map", code_map),
+                                                           ("group_size", group_size))
+                                 if v is not None)
+            raise FormatError(self.files.dir / CONFIG, None, f"{given} given, but those settle "
+                              f"vendor-int8 checkpoints and this one is {found!r}",
+                              "drop --code-map / --group-size")
+        self.problems: list[Problem] = list(shard_problems or ())  # model-level ones
         self.state = self.impl.prepare(self.files, self.problems, code_map=code_map,
                                        group_size=group_size)
 

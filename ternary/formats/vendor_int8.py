@@ -95,6 +95,16 @@ def prepare(files: ModelFiles, problems: list[Problem], code_map: str | None = N
             problems.append(m.problem(files, None, f"{label} is {value!r}; expected one of "
                                       f"{list(CODE_MAPS)}", "pass --code-map with one of them"))
             return state
+    for label, value, fix in (
+            ("group_size override", group_size, "pass --group-size G with G > 0"),
+            ("quantization_config.group_size", qc.get("group_size"),
+             "fix config.json (a positive integer or null), or pass --group-size G")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value <= 0):
+            problems.append(m.problem(files, None, f"{label} is {value!r}; expected a positive "
+                                      "integer", fix))
+            state["group_size_override"] = state["stated_group_size"] = None
+            return state
     if code_map is not None:
         state["code_map"], state["code_map_evidence"] = code_map, "override"
         return state
@@ -144,6 +154,10 @@ def _group(files, st, scale, n, k, state, problems) -> tuple[torch.Tensor, int, 
                                   "the scale and the weight disagree about N"))
         return None
     c = scale.shape[1]
+    if c == 0:
+        problems.append(m.problem(files, st, f"scale shape {list(scale.shape)} has no columns "
+                                  f"for the weight [N={n}, K={k}]", "re-export the module"))
+        return None
     if override is not None:
         if -(-k // override) != c:
             problems.append(m.problem(files, st, f"group_size override {override} needs "

@@ -87,3 +87,18 @@ def test_inspect_dense_and_vendor_override(tmp_path, capsys):
     assert rc == 1 and "--code-map" in r["problems"][0]["hint"]
     rc, r = _json(capsys, v, "--code-map", "neg-zero-pos")
     assert rc == 0 and r["detected"]["code_map_evidence"] == "override"
+
+
+def test_group_size_must_be_positive(tmp_path, capsys):
+    import pytest
+
+    d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    for argv in (["inspect", str(d), "--group-size", "0"],
+                 ["convert", str(d), str(tmp_path / "out"), "--group-size", "-8"],
+                 ["convert", str(d), str(tmp_path / "out"), "--max-shard-size", "x"]):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert ("is not a positive integer" in err or "is not an integer" in err), err
+    assert not (tmp_path / "out").exists()

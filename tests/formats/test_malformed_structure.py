@@ -1,0 +1,250 @@
+"""Malformed structure around the tensors (config.json, safetensors headers, the index,
+override values): each raises FormatError naming the file and the problem, and `inspect`
+reports it, never a Python error from deep inside a reader."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+
+from ternary.formats import Checkpoint, FormatError, dequantize
+from ternary.formats import testing as T
+from ternary.formats.convert import convert
+from ternary.formats.inspection import inspect
+
+UP = "model.layers.1.mlp.up_proj"
+K_PROJ = "model.layers.0.self_attn.k_proj"
+
+
+def refused(model_dir, *fragments, file="config.json", tensor=None, **kw) -> FormatError:
+    """Checkpoint(...) and inspect both name the problem; inspect does not raise."""
+    with pytest.raises(FormatError) as info:
+        Checkpoint(model_dir, **kw)
+    e = info.value
+    assert e.file.endswith(file) and e.tensor == tensor, str(e)
+    for f in fragments:
+        assert f in str(e), str(e)
+    report = inspect(model_dir, **kw)
+    assert not report["ok"] and report["problems"][0]["problem"] == e.problem
+    return e
+
+
+@pytest.mark.parametrize("config,words", [
+    ([], "is a JSON list, not an object"),
+    ({"quantization_config": "ternary"}, "quantization_config is 'ternary', not an object"),
+    ({"text_config": 3}, "text_config is 3, not an object"),
+])
+def test_config_not_an_object(tmp_path, config, words):
+    d = T.write_canonical(tmp_path / "m")
+    (d / "config.json").write_text(json.dumps(config))
+    refused(d, words, "fix")
+
+
+@pytest.mark.parametrize("key,value", [("num_key_value_heads", "two"),
+                                       ("num_attention_heads", 0), ("head_dim", -8),
+                                       ("intermediate_size", 64.5), ("hidden_size", True)])
+def test_config_size_not_a_positive_integer(tmp_path, key, value):
+    d = T.write_canonical(tmp_path / "m")
+    T.edit_config(d, **{key: value})
+    refused(d, f"{key} is {value!r}; expected a positive integer")
+
+
+def test_config_per_layer_sizes_skip_the_shape_check(tmp_path):
+    # some models give a list per layer: nothing to check against, nothing refused
+    d = T.write_canonical(tmp_path / "m")
+    T.edit_config(d, intermediate_size=[64, 64])
+    assert dequantize(d, UP).shape == (64, 32)
+
+
+def _write_raw_shard(path, header: object, data: bytes = b"") -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+@pytest.mark.parametrize("header,tensor,words", [
+    ([1, 2], None, "safetensors header is a JSON list"),
+    ({"x": [0]}, "x", "a JSON list instead of an object"),
+    ({"x": {"shape": [2], "data_offsets": [0, 8]}}, "x", "no 'dtype'"),
+    ({"x": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}}, "x",
+     "data_offsets ['0', '8'] is not [begin, end]"),
+    ({"x": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, "x",
+     "shape [-2] is not a list of non-negative integers"),
+    ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "y",
+     "overlap the previous tensor"),
+    ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, "x", "leave a gap"),
+])
+def test_malformed_header(tmp_path, header, tensor, words):
+    d = T.write_canonical(tmp_path / "m")
+    _write_raw_shard(d / "extra.safetensors", header, bytes(16))
+    refused(d, "re-download or re-write", words, file="extra.safetensors", tensor=tensor)
+
+
+def test_tensor_safetensors_cannot_read(tmp_path):
+    # a dtype this checker does not size, which safetensors itself refuses on open
+    d = T.write_dense(tmp_path / "m")
+    _write_raw_shard(d / "extra.safetensors",
+                     {"odd.weight": {"dtype": "U2", "shape": [4, 4], "data_offsets": [0, 4]}},
+                     bytes(4))
+    with Checkpoint(d) as ckpt, pytest.raises(FormatError,
+                                              match="safetensors cannot read it") as info:
+        ckpt.files.get("odd.weight")
+    assert info.value.file.endswith("extra.safetensors") and info.value.tensor == "odd.weight"
+    with pytest.raises(FormatError, match="safetensors cannot read it"):
+        convert(d, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_index_weight_map_entry_not_a_file_name(tmp_path):
+    d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)
+    index = d / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"][f"{UP}.weight"] = None
+    index.write_text(json.dumps(data))
+    refused(d, "weight_map gives None as its file", file=index.name, tensor=f"{UP}.weight")
+    data["weight_map"] = ["a"]
+    index.write_text(json.dumps(data))
+    refused(d, "weight_map is a JSON list", file=index.name)
+
+
+def refused_model(model_dir, words, **kw) -> FormatError:
+    """A model-level problem found on open: reading a module raises it, inspect lists it."""
+    with pytest.raises(FormatError) as info:
+        dequantize(model_dir, UP, **kw)
+    e = info.value
+    assert e.file.endswith("config.json") and e.tensor is None and words in str(e), str(e)
+    assert words in inspect(model_dir, **kw)["problems"][0]["problem"]
+    return e
+
+
+@pytest.mark.parametrize("stated", ["8", 0, -8, 2.5])
+def test_vendor_stated_group_size_not_a_positive_integer(tmp_path, stated):
+    d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    T.edit_config(d, quantization_config={"quant_method": "vendor-int8", "group_size": stated})
+    e = refused_model(d, f"quantization_config.group_size is {stated!r}; expected a positive "
+                      "integer")
+    assert "--group-size" in e.record.hint
+
+
+@pytest.mark.parametrize("override", [0, -8])
+def test_vendor_group_size_override_not_positive(tmp_path, override):
+    d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    refused_model(d, f"group_size override is {override}; expected a positive integer",
+                  group_size=override)
+
+
+def test_vendor_scale_without_columns(tmp_path):
+    d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    T.rewrite_tensors(d, {f"{UP}.weight_scale": torch.ones(64, 0)})
+    with pytest.raises(FormatError, match=r"scale shape \[64, 0\] has no columns") as info:
+        dequantize(d, UP)
+    assert info.value.tensor == f"{UP}.weight_scale"
+
+
+def test_convert_destination_is_a_file(tmp_path):
+    src = T.write_bitnet(tmp_path / "b")
+    (tmp_path / "out").write_text("x")
+    with pytest.raises(FormatError, match="destination exists and is not a directory"):
+        convert(src, tmp_path / "out")
+
+
+def test_moe_experts_use_their_own_width(tmp_path):
+    # Qwen2-MoE names: experts.i.* are moe_intermediate_size wide, shared_expert.* are
+    # shared_expert_intermediate_size wide; neither is intermediate_size
+    config = T.llama_config(intermediate_size=64)
+    config.update(moe_intermediate_size=16, shared_expert_intermediate_size=24)
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for name, n in (("model.layers.0.mlp.experts.0.up_proj", 16),
+                    ("model.layers.0.mlp.experts.1.gate_proj", 16),
+                    ("model.layers.0.mlp.shared_expert.up_proj", 24)):
+        tensors[f"{name}.weight"] = torch.randn(n, 32, generator=g)
+    tensors["model.layers.0.mlp.experts.0.down_proj.weight"] = torch.randn(32, 16, generator=g)
+    d = T.write_model(tmp_path / "moe", config, tensors)
+    report = inspect(d)
+    assert report["ok"], report["problems"]
+    assert len(report["modules"]) == 4
+    out = convert(d, tmp_path / "c")
+    assert out.modules == 4
+    # a wrong expert width is still caught, against moe_intermediate_size
+    config["moe_intermediate_size"] = 12
+    (d / "config.json").write_text(json.dumps(config))
+    problems = inspect(d)["problems"]
+    assert len(problems) == 3 and all("moe_intermediate_size=12" in p["problem"]
+                                      for p in problems)
+
+
+def test_inspect_lists_data_problems_under_a_bad_quantization_config(tmp_path):
+    d = T.write_canonical(tmp_path / "m")
+    s = T.load_tensor(d, f"{UP}.weight_scale")
+    s[0] = float("nan")
+    T.rewrite_tensors(d, {f"{UP}.weight_scale": s})
+    T.edit_config(d, quantization_config={"quant_method": "ternary", "version": 2})
+    found = [p["problem"] for p in inspect(d)["problems"]]
+    assert any("version is 2" in p for p in found) and any("NaN" in p for p in found), found
+
+    b = T.write_bitnet(tmp_path / "b")
+    w = T.load_tensor(b, f"{UP}.weight")
+    w[0, 0] = 0xFF
+    T.rewrite_tensors(b, {f"{UP}.weight": w})
+    T.edit_config(b, quantization_config={"quant_method": "bitnet", "linear_class": "fancy"})
+    found = [p["problem"] for p in inspect(b)["problems"]]
+    assert any("linear_class is 'fancy'" in p for p in found), found
+    assert any("codes are 3" in p for p in found), found
+
+
+def test_bitnet_without_n_in_config_and_padded_rows(tmp_path):
+    # k_proj with N = 6 packs into 2 byte rows = 8 rows; without config.json's sizes the
+    # two zero-padded rows would read as w = -1
+    config = T.llama_config(head_dim=6, num_key_value_heads=1)  # k_proj N = 6
+    d = T.write_bitnet(tmp_path / "b", config=config)
+    n = dequantize(d, K_PROJ).shape[0]
+    assert n % 4, f"the test needs an N that is not a multiple of 4, got {n}"
+    cfg = json.loads((d / "config.json").read_text())
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        cfg.pop(key, None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FormatError, match="config.json does not give N") as info:
+        dequantize(d, K_PROJ)
+    assert info.value.tensor == f"{K_PROJ}.weight"
+    assert f"N is anywhere from {n}" in str(info.value)
+
+
+@pytest.mark.parametrize("kw", [{"code_map": "neg-zero-pos"}, {"group_size": 8}])
+def test_vendor_overrides_on_another_format(tmp_path, kw):
+    d = T.write_bitnet(tmp_path / "b")
+    refused(d, "settle vendor-int8 checkpoints and this one is 'bitnet'", **kw)
+
+
+def test_vendor_format_alias(tmp_path):
+    d = T.write_vendor_int8(tmp_path / "m")
+    assert Checkpoint(d, format="vendor_int8").format == "vendor-int8"
+
+
+def test_inspect_goes_on_past_a_truncated_shard(tmp_path):
+    from ternary.formats.files import ModelFiles
+
+    d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)
+    scale = T.load_tensor(d, f"{UP}.weight_scale")
+    scale[5] = float("nan")
+    T.rewrite_tensors(d, {f"{UP}.weight_scale": scale})
+    with ModelFiles(d) as files:
+        keep = {files.file_of(f"{UP}.weight"), files.file_of(f"{UP}.weight_scale")}
+        bad = next(sh for sh in files.shards() if sh not in keep)
+        lost = {t for t in files.names() if files.file_of(t) == bad}
+    bad.write_bytes(bad.read_bytes()[:20])
+    report = inspect(d)
+    found = report["problems"]
+    # the truncated shard first, then what the other shards hold: the NaN scale
+    assert found[0]["file"] == str(bad) and "truncated" in found[0]["problem"], found
+    assert any(p["tensor"] == f"{UP}.weight_scale" and "NaN" in p["problem"] for p in found)
+    # no "missing" problem for the tensors the bad shard holds: its own problem covers them
+    assert not any("missing" in p["problem"] for p in found), found
+    read = {m["module"] for m in report["modules"]}
+    assert read and not any(f"{m}.weight" in lost for m in read)
+    # reading the model (not inspecting it) still refuses at once
+    with pytest.raises(FormatError, match="truncated"):
+        Checkpoint(d)
