@@ -9,7 +9,9 @@ so without the pause a cell's numbers depended on the cell before it (thirteenth
 bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
 
 The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
-over the copy bandwidth measured in the same run; "floor %" is that floor over the fused time.
+over the copy bandwidth measured in the same run, and the bf16 compute floor 2 M N K over the
+bf16 matmul rate measured there; "floor %" is the larger of the two over the time of `auto`
+(the kernel the policy picks), so 100 is the floor reached.
 """
 
 from __future__ import annotations
@@ -275,7 +277,8 @@ def add_arguments(p) -> None:
                    help=f"idle pause before each timing (default {SETTLE_S}; 0 for none)")
     p.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                    help="run each kernel this long before timing it (steady-state clocks)")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON here (with "
+                   "--render: the rendered run, its gemlite column merged)")
     p.add_argument("--render", metavar="PATH", help="print the table of a saved JSON (no GPU)")
     p.add_argument("--gemlite-from", metavar="PATH",
                    help="with --render: fill the gemlite column from another saved run")
@@ -292,17 +295,38 @@ def merge_gemlite(result: dict, other: dict) -> dict:
     return result
 
 
+def load_result(path: str, flag: str) -> dict:
+    """A saved `ternary bench --json` run, or SystemExit naming the file and what is wrong."""
+    import json
+
+    try:
+        with open(path) as fh:
+            result = json.load(fh)
+    except OSError as e:
+        raise SystemExit(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"{flag} {path}: not JSON ({e})") from None
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if not (isinstance(result, dict) and isinstance(result.get("meta"), dict)
+            and isinstance(rows, list)
+            and all(isinstance(r, dict) and {"k", "n", "m", "us"} <= r.keys() for r in rows)):
+        raise SystemExit(f"{flag} {path}: not a `ternary bench --json` result (it needs "
+                         "'meta' and 'rows' with k, n, m and us in each row)")
+    return result
+
+
 def run_cli(args) -> int:
     if args.render:
-        import json
-
-        with open(args.render) as fh:
-            result = json.load(fh)
+        result = load_result(args.render, "--render")
         if args.gemlite_from:
-            with open(args.gemlite_from) as fh:
-                result = merge_gemlite(result, json.load(fh))
+            result = merge_gemlite(result, load_result(args.gemlite_from, "--gemlite-from"))
         render(result)
+        if args.json:  # the rendered run, with the merged gemlite column if any
+            _write_json(args.json, result)
         return 0
+    if args.gemlite_from:
+        raise SystemExit("--gemlite-from fills the gemlite column of a saved run: use it with "
+                         "--render PATH")
     shapes = []
     for s in args.shapes:
         try:

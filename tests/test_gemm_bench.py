@@ -63,3 +63,92 @@ def test_render_stored_sustained_run(capsys):
 def test_bad_sustain():
     with pytest.raises(SystemExit, match="--sustain -1.0"):
         cli.main(["bench", "--sustain", "-1", "--shapes", "64x64", "--m", "1"])
+
+
+def _result(rows):
+    meta = {"device": "GPU X", "dtype": "torch.bfloat16", "copy_bandwidth_Bps": 4e12,
+            "bf16_mm_flops": 8e14, "settle_s": 0}
+    return {"meta": meta, "rows": [
+        {"k": k, "n": n, "m": m, "us": us, "auto_kernel": "fused", "fused_kernel": "decode",
+         "floor_bw_us": bw, "floor_compute_us": c} for k, n, m, us, bw, c in rows]}
+
+
+def _cells(out: str, label: str) -> list[str]:
+    line = next(ln for ln in out.splitlines() if label in ln)
+    return [c.strip() for c in line.split("│")[1:-1]]
+
+
+def test_render_cells_are_the_ratios_of_the_stored_times(capsys, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("COLUMNS", "200")
+    times = {"fused": 12.0, "auto": 10.0, "cublas_path": 99.0, "cublas_dense": 50.0,
+             "gemlite": 25.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_result([(4096, 4096, 1, times, 4.0, 0.5),
+                                        (4096, 4096, 4096, {**times, "gemlite": None}, 4.0,
+                                         8.0)])))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    out = capsys.readouterr().out
+    # K x N, M, fused, auto, cuBLAS, dequant+mm, gemlite, x cuBLAS, x gemlite, floor, floor %
+    assert _cells(out, "│    1 │") == ["4096 x 4096", "1", "12.0 (decode)", "10.0 (fused)",
+                                      "50.0", "99.0", "25.0", "5.00", "2.50", "4.0", "40"]
+    # the compute floor is the larger at M = 4096: marked (c), and it is what floor % uses
+    assert _cells(out, "│ 4096 │")[6:] == ["-", "5.00", "-", "8.0 (c)", "80"]
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "cannot read it"), ("{not json", "not JSON"), ('{"rows": []}', "not a `ternary bench"),
+    ('{"meta": {}, "rows": [{"k": 1}]}', "not a `ternary bench")])
+def test_render_names_a_file_it_cannot_use(tmp_path, content, words):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    with pytest.raises(SystemExit, match=f"--render {bad}: {words}"):
+        cli.main(["bench", "--render", str(bad)])
+    with pytest.raises(SystemExit, match=f"--gemlite-from {bad}: {words}"):
+        cli.main(["bench", "--render", str(RESULTS / "results-h200.json"), "--gemlite-from",
+                  str(bad)])
+
+
+def test_render_json_writes_the_merged_run(tmp_path, capsys):
+    import json
+
+    out = tmp_path / "merged.json"
+    assert cli.main(["bench", "--render", str(RESULTS / "results-h200-sustained.json"),
+                     "--gemlite-from", str(RESULTS / "results-h200-gemlite.json"),
+                     "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    gemlite = {(r["k"], r["n"], r["m"]): r["us"]["gemlite"]
+               for r in json.loads((RESULTS / "results-h200-gemlite.json").read_text())["rows"]}
+    assert merged["meta"]["gemlite_from"]["device"] == "NVIDIA H200"
+    assert all(r["us"]["gemlite"] == gemlite.get((r["k"], r["n"], r["m"]))
+               for r in merged["rows"])
+    assert any(r["us"]["gemlite"] is not None for r in merged["rows"])
+
+
+def test_gemlite_from_needs_render():
+    with pytest.raises(SystemExit, match="use it with --render"):
+        cli.main(["bench", "--gemlite-from", str(RESULTS / "results-h200-gemlite.json")])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="times kernels on a GPU")
+def test_bench_json_on_a_gpu(tmp_path, capsys):
+    """The timing path end to end on a tiny shape: every method timed, the JSON written is
+    what --render reads back, and the ratios in it are consistent."""
+    import json
+
+    path = tmp_path / "run.json"
+    assert cli.main(["bench", "--shapes", "256x320", "--m", "1", "64", "--no-gemlite",
+                     "--replays", "3", "--settle", "0", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert [(r["k"], r["n"], r["m"]) for r in result["rows"]] == [(256, 320, 1), (256, 320, 64)]
+    for r in result["rows"]:
+        for method in ("fused", "auto", "cublas_path", "cublas_dense"):
+            assert 0 < r["us"][method] < 1e4, (method, r)
+        assert r["floor_bw_us"] > 0 and r["floor_compute_us"] > 0 and r["fused_kernel"]
+    assert result["meta"]["copy_bandwidth_Bps"] > 1e11 and result["meta"]["bf16_mm_flops"] > 1e12
+    capsys.readouterr()
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    assert "256 x 320" in capsys.readouterr().out
