@@ -3,8 +3,8 @@
 Each kernel class answers `can_implement(platform, n, k, dtype, group_size, device)` with
 (bool, reason), `prepare(packed, scale, group_size)` once at load time (repacking into the
 layout it wants) and `apply(x, prepared, bias)` per call. `choose` walks them in priority
-order, honours TERNARY_KERNEL=fused|cublas|reference, and when nothing fits raises one error
-listing every kernel's reason. The platform is a value (`detect_platform()` reads it), so
+order, honours TERNARY_KERNEL=fused|cublas|reference (auto: the same as unset), and when
+nothing fits raises one error listing every kernel's reason. The platform is a value (`detect_platform()` reads it), so
 tests can inject WSL2, Windows or a machine without a GPU.
 
 - fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
@@ -237,10 +237,11 @@ def choose(platform: Platform, *, n: int, k: int, dtype: torch.dtype, group_size
     device = torch.device(device)
     shape = f"layer n={n} k={k} dtype={dtype} group_size={group_size} on {device}"
     forced = env.get(ENV, "").strip().lower()
-    if forced:
+    if forced and forced != "auto":  # (auto: the same as unset)
         if forced not in KERNELS:
             raise NoKernelError(f"{ENV}={forced!r} is not a kernel; use one of "
-                                f"{', '.join(KERNELS)} or unset it")
+                                f"{', '.join(KERNELS)}, or auto (or unset) for the "
+                                "automatic choice")
         kernel = KERNELS[forced]()
         ok, why = kernel.can_implement(platform, n, k, dtype, group_size, device)
         if not ok:

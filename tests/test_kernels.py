@@ -74,6 +74,10 @@ def test_unknown_forced_kernel():
         choose(GPU, env={"TERNARY_KERNEL": "bogus"})
 
 
+def test_auto_is_the_automatic_choice():
+    assert choose(GPU, env={"TERNARY_KERNEL": " Auto "}).name == choose(GPU, env={}).name
+
+
 def test_nothing_fits_lists_every_reason():
     with pytest.raises(kernels.NoKernelError) as e:
         choose(GPU, dtype=torch.float64)
@@ -126,6 +130,27 @@ def test_apply_matches_gemm_on_cpu(name, m):
     y = kernel.apply(x, kernel.prepare(packed, scale, 0), bias)
     ref = ops.gemm(x, packed, scale, 0, bias)
     assert y.shape == ref.shape
+    assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("name", ["fused", "cublas"])
+def test_cublas_path_never_takes_a_cublaslt_epilogue(name, monkeypatch):
+    """The WSL2 / Windows fallback (and the fused route's M > 128 path off Hopper) avoids
+    cublasLt: the bias is added apart, never through addmm / linear's fused epilogue."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("addmm / linear with a bias goes through cublasLt")
+
+    for mod, fn in ((torch, "addmm"), (torch.nn.functional, "linear"), (torch, "baddbmm")):
+        monkeypatch.setattr(mod, fn, refuse)
+    n, k, m = 40, 200, kernels.FUSED_MAX_M + 5
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(n)
+    x, bias = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(n, dtype=torch.bfloat16)
+    kernel = kernels.KERNELS[name]()
+    if name == "fused":
+        assert kernel.route(m) == "fused>cublas"
+    y = kernel.apply(x, kernel.prepare(packed, scale, 0), bias)
+    ref = ops.gemm(x, packed, scale, 0, bias)
     assert ((y.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
 
 
