@@ -51,3 +51,36 @@ def test_convert_reports_progress_and_streams(tmp_path):
     dones = [d for d, _, _ in seen]
     assert dones == sorted(dones) and dones[-1] == seen[-1][1]
     assert len(seen) == 14 * 2 + 7  # every source tensor once
+
+
+def test_convert_holds_one_module_of_the_source_at_a_time(tmp_path, monkeypatch):
+    """Streaming, measured: the bytes of source tensors alive at any moment stay under one
+    output shard plus the two largest tensors, far under the model (a convert that read
+    everything first would hold it all)."""
+    import weakref
+
+    from ternary.formats.files import ModelFiles
+
+    src = T.write_bitnet(tmp_path / "b", config=T.llama_config(num_hidden_layers=12,
+                                                                intermediate_size=256))
+    live, peak, total = [0], [0], [0]
+    get = ModelFiles.get
+
+    def spy(self, name):
+        t = get(self, name)
+        size = t.numel() * t.element_size()
+        live[0] += size
+        total[0] += size
+        peak[0] = max(peak[0], live[0])
+        weakref.finalize(t, lambda: live.__setitem__(0, live[0] - size))
+        return t
+
+    monkeypatch.setattr(ModelFiles, "get", spy)
+    shard = 4096
+    convert(src, tmp_path / "c", max_shard_bytes=shard)
+    with ModelFiles(src) as files:
+        sizes = sorted(files.nbytes(t) for t in files.names())
+    bound = shard + sizes[-1] + sizes[-2]
+    assert total[0] == sum(sizes) > 5 * bound  # every tensor read once; the model is large
+    assert peak[0] <= bound, (peak[0], bound, total[0])
+    assert len(list((tmp_path / "c").glob("model-*.safetensors"))) > 2
