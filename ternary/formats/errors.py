@@ -26,6 +26,7 @@ class FormatError(ValueError):
 
     def __init__(self, file: str | Path, tensor: str | None, problem: str, hint: str = ""):
         self.record = Problem(str(file), tensor, problem, hint)
+        self.records = [self.record]  # more where one failure stopped several checks
         super().__init__(str(self.record))
 
     @property

@@ -15,9 +15,6 @@ import torch
 from ternary.formats.errors import FormatError
 
 CONFIG = "config.json"
-# the config.json sizes that fix a projection's shape (ternary.formats.modules)
-_SIZES = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-          "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -117,6 +114,8 @@ class ModelFiles:
         self.dir = Path(model_dir)
         self._problems = problems
         self.unreadable: dict[str, Path] = {}  # tensor -> its shard, whose header failed
+        # shards whose header failed, where no index says what they hold
+        self.unlisted_bad: list[Path] = []
         if not self.dir.is_dir():
             raise FormatError(self.dir, None, "not a directory",
                               "pass a Hugging Face model directory")
@@ -133,6 +132,7 @@ class ModelFiles:
                                   "only safetensors checkpoints are supported")
             for shard in shards:
                 if self._header(shard) is None:
+                    self.unlisted_bad.append(shard)
                     continue
                 for name in self._header(shard):
                     if name in self._where:
@@ -140,7 +140,9 @@ class ModelFiles:
                                           f"{self._where[name].name}", "remove one copy")
                     self._where[name] = shard
         if not self._where and self._problems:  # no shard readable: nothing to go on with
-            raise FormatError.of(self._problems[0])
+            err = FormatError.of(self._problems[0])
+            err.records = list(self._problems)  # (inspect lists them all)
+            raise err
         self._open: dict[Path, object] = {}
 
     def _read_config(self) -> dict:
@@ -158,14 +160,6 @@ class ModelFiles:
         for key in ("quantization_config", "text_config"):
             if config.get(key) is not None and not isinstance(config[key], dict):
                 raise FormatError(path, None, f"{key} is {config[key]!r}, not an object",
-                                  "fix config.json")
-        text = config.get("text_config") or config
-        for key in _SIZES:
-            v = text.get(key)
-            # (lists and objects are per-layer values some models use: no shape check then)
-            if v is not None and not isinstance(v, (list, dict)) and (
-                    isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise FormatError(path, None, f"{key} is {v!r}; expected a positive integer",
                                   "fix config.json")
         return config
 

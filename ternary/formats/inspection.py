@@ -18,7 +18,7 @@ def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
     try:
         ckpt = Checkpoint(model_dir, keep_going=True, **overrides)
     except FormatError as e:
-        report["problems"].append(dataclasses.asdict(e.record))
+        report["problems"].extend(dataclasses.asdict(r) for r in e.records)
         report["ok"] = False
         return report
     with ckpt:

@@ -151,8 +151,12 @@ def require(files: ModelFiles, tensor: str, what: str, problems: list[Problem]) 
     # the file that should hold it: its module's shard, or the index that lists the shards
     index = files.dir / INDEX
     file = files.file_of(near[0]) if near else index if index.exists() else files.dir
-    problems.append(Problem(str(file), tensor, f"missing {what}; tensors of this module: "
-                            f"{near}", f"the checkpoint must store {tensor}"))
+    unread = ""
+    if files.unlisted_bad:
+        unread = (f" (not in the readable shards; {', '.join(p.name for p in files.unlisted_bad)}"
+                  " could not be read and may hold it)")
+    problems.append(Problem(str(file), tensor, f"missing {what}{unread}; tensors of this "
+                            f"module: {near}", f"the checkpoint must store {tensor}"))
     return False
 
 

@@ -35,18 +35,25 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
     """[N, K] that config.json gives a Llama-style projection, with the config values used
     (for the error message); None where config.json does not determine it. Inside a
     mixture of experts the MLP width is moe_intermediate_size (experts.i) or
-    shared_expert_intermediate_size (Qwen2-MoE's shared_expert), never intermediate_size."""
+    shared_expert_intermediate_size (Qwen2-MoE's shared_expert), never intermediate_size.
+    A size that is present but not a positive integer (a per-layer list, 0 for "none",
+    anything malformed) leaves the projections it sizes unchecked."""
     text = config.get("text_config") or config
+    unusable = object()
 
-    def size(key: str) -> int | None:
+    def size(key: str):
         v = text.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+        if v is None:
+            return None
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else unusable
 
     hidden, heads = size("hidden_size"), size("num_attention_heads")
-    if hidden is None or heads is None:
+    kv, head_dim = size("num_key_value_heads"), size("head_dim")
+    if hidden in (None, unusable) or heads in (None, unusable):
         return None
-    kv = size("num_key_value_heads") or heads
-    head_dim = size("head_dim") or hidden // heads
+    attention = kv is not unusable and head_dim is not unusable
+    kv = kv or heads
+    head_dim = head_dim or hidden // heads
     parts = name.split(".")
     if "experts" in parts:
         inter_key = "moe_intermediate_size"
@@ -58,6 +65,8 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
     else:
         inter_key = "intermediate_size"
     inter = size(inter_key) if inter_key else None
+    if inter is unusable:
+        inter = None
     last = parts[-1]
     why_attn = (f"hidden_size={hidden}, num_attention_heads={heads}, "
                 f"num_key_value_heads={kv}, head_dim={head_dim}")
@@ -66,7 +75,7 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
         "k_proj": ((kv * head_dim, hidden), why_attn),
         "v_proj": ((kv * head_dim, hidden), why_attn),
         "o_proj": ((hidden, heads * head_dim), why_attn),
-    }
+    } if attention else {}
     if inter is not None:
         why_mlp = f"hidden_size={hidden}, {inter_key}={inter}"
         table.update({

@@ -95,16 +95,23 @@ def prepare(files: ModelFiles, problems: list[Problem], code_map: str | None = N
             problems.append(m.problem(files, None, f"{label} is {value!r}; expected one of "
                                       f"{list(CODE_MAPS)}", "pass --code-map with one of them"))
             return state
-    for label, value, fix in (
-            ("group_size override", group_size, "pass --group-size G with G > 0"),
-            ("quantization_config.group_size", qc.get("group_size"),
-             "fix config.json (a positive integer or null), or pass --group-size G")):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value <= 0):
-            problems.append(m.problem(files, None, f"{label} is {value!r}; expected a positive "
-                                      "integer", fix))
-            state["group_size_override"] = state["stated_group_size"] = None
-            return state
+    override_bad = group_size is not None and (isinstance(group_size, bool) or not isinstance(
+        group_size, int) or group_size <= 0)
+    if override_bad:
+        problems.append(m.problem(files, None, f"group_size override is {group_size!r}; expected "
+                                  "a positive integer", "pass --group-size G with G > 0"))
+        state["group_size_override"] = None
+    stated = qc.get("group_size")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated <= 0:
+        # GPTQ / AWQ-style configs write -1 or 0 for "no groups": not stated; the scale
+        # columns tell (ternary inspect reports it)
+        state["stated_group_size"] = None
+    elif stated is not None and (isinstance(stated, bool) or not isinstance(stated, int)):
+        state["stated_group_size"] = None
+        if group_size is None or override_bad:
+            problems.append(m.problem(files, None, f"quantization_config.group_size is "
+                                      f"{stated!r}; expected an integer",
+                                      "fix config.json, or pass --group-size G to use G instead"))
     if code_map is not None:
         state["code_map"], state["code_map_evidence"] = code_map, "override"
         return state

@@ -43,20 +43,20 @@ def test_config_not_an_object(tmp_path, config, words):
     refused(d, words, "fix")
 
 
-@pytest.mark.parametrize("key,value", [("num_key_value_heads", "two"),
-                                       ("num_attention_heads", 0), ("head_dim", -8),
-                                       ("intermediate_size", 64.5), ("hidden_size", True)])
-def test_config_size_not_a_positive_integer(tmp_path, key, value):
-    d = T.write_canonical(tmp_path / "m")
+@pytest.mark.parametrize("key,value", [
+    ("num_key_value_heads", [1, 1]),  # per-layer lists (some models)
+    ("num_key_value_heads", "two"), ("head_dim", 0),  # transformers writes 0 for NoPE (glm5)
+    ("num_attention_heads", 0), ("intermediate_size", 64.5), ("hidden_size", True),
+    ("shared_expert_intermediate_size", 0),  # vLLM: 0 = no shared expert
+])
+def test_config_size_not_usable_leaves_its_projections_unchecked(tmp_path, key, value):
+    # k / v_proj are N = 8 here, which the fallbacks (kv = heads = 4, head_dim = 8) would
+    # call wrong: a present but unusable size must not be replaced by a guess, nor crash
+    d = T.write_canonical(tmp_path / "m", config=T.llama_config(num_key_value_heads=1))
     T.edit_config(d, **{key: value})
-    refused(d, f"{key} is {value!r}; expected a positive integer")
-
-
-def test_config_per_layer_sizes_skip_the_shape_check(tmp_path):
-    # some models give a list per layer: nothing to check against, nothing refused
-    d = T.write_canonical(tmp_path / "m")
-    T.edit_config(d, intermediate_size=[64, 64])
-    assert dequantize(d, UP).shape == (64, 32)
+    report = inspect(d)
+    assert report["ok"], report["problems"]
+    assert len(report["modules"]) == 14
 
 
 def _write_raw_shard(path, header: object, data: bytes = b"") -> None:
@@ -120,13 +120,29 @@ def refused_model(model_dir, words, **kw) -> FormatError:
     return e
 
 
-@pytest.mark.parametrize("stated", ["8", 0, -8, 2.5])
-def test_vendor_stated_group_size_not_a_positive_integer(tmp_path, stated):
+@pytest.mark.parametrize("stated", ["8", 2.5, True])
+def test_vendor_stated_group_size_not_an_integer(tmp_path, stated):
     d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    want = dequantize(d, UP)
     T.edit_config(d, quantization_config={"quant_method": "vendor-int8", "group_size": stated})
-    e = refused_model(d, f"quantization_config.group_size is {stated!r}; expected a positive "
-                      "integer")
+    e = refused_model(d, f"quantization_config.group_size is {stated!r}; expected an integer")
     assert "--group-size" in e.record.hint
+    # ... and the override the hint names does settle it
+    assert torch.equal(dequantize(d, UP, group_size=8), want)
+    assert inspect(d, group_size=8)["ok"]
+
+
+@pytest.mark.parametrize("stated", [-1, 0])
+def test_vendor_stated_group_size_none_as_gptq_writes_it(tmp_path, stated):
+    # GPTQ / AWQ-style configs write -1 (or 0) for "no groups": read as not stated, so the
+    # scale columns tell
+    d = T.write_vendor_int8(tmp_path / "m", group_size=8)
+    want = dequantize(d, UP)
+    T.edit_config(d, quantization_config={"quant_method": "vendor-int8", "group_size": stated})
+    assert torch.equal(dequantize(d, UP), want)
+    report = inspect(d)
+    assert report["ok"] and report["detected"]["code_map"] == "neg-zero-pos"
+    assert {m["group_size"] for m in report["modules"]} == {8}
 
 
 @pytest.mark.parametrize("override", [0, -8])
@@ -224,27 +240,46 @@ def test_vendor_format_alias(tmp_path):
     assert Checkpoint(d, format="vendor_int8").format == "vendor-int8"
 
 
-def test_inspect_goes_on_past_a_truncated_shard(tmp_path):
-    from ternary.formats.files import ModelFiles
+@pytest.mark.parametrize("with_index", [True, False])
+def test_inspect_goes_on_past_a_truncated_shard(tmp_path, with_index):
+    from ternary.formats.files import INDEX, ModelFiles
 
-    d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)
+    d = T.write_canonical(tmp_path / "m", max_shard_bytes=1)  # a shard a tensor
     scale = T.load_tensor(d, f"{UP}.weight_scale")
     scale[5] = float("nan")
     T.rewrite_tensors(d, {f"{UP}.weight_scale": scale})
+    # the shard truncated holds a module's scale; the module's weight is in another
+    victim = "model.layers.0.mlp.gate_proj"
     with ModelFiles(d) as files:
-        keep = {files.file_of(f"{UP}.weight"), files.file_of(f"{UP}.weight_scale")}
-        bad = next(sh for sh in files.shards() if sh not in keep)
+        bad = files.file_of(f"{victim}.weight_scale")
+        assert files.file_of(f"{victim}.weight") != bad
         lost = {t for t in files.names() if files.file_of(t) == bad}
     bad.write_bytes(bad.read_bytes()[:20])
+    if not with_index:  # shards found by name: what the bad one held is unknown
+        (d / INDEX).unlink()
     report = inspect(d)
     found = report["problems"]
-    # the truncated shard first, then what the other shards hold: the NaN scale
     assert found[0]["file"] == str(bad) and "truncated" in found[0]["problem"], found
+    # the other shards are still read: the NaN scale is found too
     assert any(p["tensor"] == f"{UP}.weight_scale" and "NaN" in p["problem"] for p in found)
-    # no "missing" problem for the tensors the bad shard holds: its own problem covers them
-    assert not any("missing" in p["problem"] for p in found), found
+    missing = [p for p in found if "missing" in p["problem"]]
+    if with_index:  # the index says the scale is in the bad shard: its problem covers it
+        assert not missing, found
+    else:
+        assert [p["tensor"] for p in missing] == [f"{victim}.weight_scale"], found
+        assert f"{bad.name} could not be read and may hold it" in missing[0]["problem"]
     read = {m["module"] for m in report["modules"]}
-    assert read and not any(f"{m}.weight" in lost for m in read)
+    assert read and victim not in read and not any(f"{m}.weight" in lost for m in read)
     # reading the model (not inspecting it) still refuses at once
     with pytest.raises(FormatError, match="truncated"):
         Checkpoint(d)
+
+
+def test_inspect_lists_every_unreadable_shard(tmp_path):
+    d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)
+    shards = sorted(d.glob("model-*.safetensors"))
+    for sh in shards:
+        sh.write_bytes(sh.read_bytes()[:20])
+    report = inspect(d)
+    assert not report["ok"] and report["format"] is None
+    assert [p["file"] for p in report["problems"]] == [str(sh) for sh in shards]
