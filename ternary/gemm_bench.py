@@ -306,13 +306,19 @@ def load_result(path: str, flag: str) -> dict:
         raise SystemExit(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SystemExit(f"{flag} {path}: not JSON ({e})") from None
+    meta = result.get("meta") if isinstance(result, dict) else None
     rows = result.get("rows") if isinstance(result, dict) else None
-    if not (isinstance(result, dict) and isinstance(result.get("meta"), dict)
-            and isinstance(rows, list)
-            and all(isinstance(r, dict) and {"k", "n", "m", "us"} <= r.keys() for r in rows)):
-        raise SystemExit(f"{flag} {path}: not a `ternary bench --json` result (it needs "
-                         "'meta' and 'rows' with k, n, m and us in each row)")
+    if not (isinstance(meta, dict) and _META <= meta.keys() and isinstance(rows, list)
+            and all(isinstance(r, dict) and _ROW <= r.keys() and isinstance(r["us"], dict)
+                    for r in rows)):
+        raise SystemExit(f"{flag} {path}: not a `ternary bench --json` result (it needs 'meta' "
+                         f"with {sorted(_META)} and 'rows' with {sorted(_ROW)} in each)")
     return result
+
+
+# what render reads of a saved run
+_META = {"device", "dtype", "copy_bandwidth_Bps", "bf16_mm_flops"}
+_ROW = {"k", "n", "m", "us", "auto_kernel", "floor_bw_us", "floor_compute_us"}
 
 
 def run_cli(args) -> int:

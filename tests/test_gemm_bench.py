@@ -99,6 +99,7 @@ def test_render_cells_are_the_ratios_of_the_stored_times(capsys, tmp_path, monke
 
 @pytest.mark.parametrize("content,words", [
     (None, "cannot read it"), ("{not json", "not JSON"), ('{"rows": []}', "not a `ternary bench"),
+    ('{"meta": {}, "rows": []}', "not a `ternary bench"),
     ('{"meta": {}, "rows": [{"k": 1}]}', "not a `ternary bench")])
 def test_render_names_a_file_it_cannot_use(tmp_path, content, words):
     bad = tmp_path / "bad.json"
@@ -109,6 +110,21 @@ def test_render_names_a_file_it_cannot_use(tmp_path, content, words):
     with pytest.raises(SystemExit, match=f"--gemlite-from {bad}: {words}"):
         cli.main(["bench", "--render", str(RESULTS / "results-h200.json"), "--gemlite-from",
                   str(bad)])
+
+
+def test_render_refuses_a_run_missing_what_the_table_reads(tmp_path):
+    import json
+
+    good = _result([(64, 64, 1, {"auto": 1.0}, 1.0, 1.0)])
+    for broken in ({**good, "meta": {k: v for k, v in good["meta"].items() if k != "device"}},
+                   {**good, "rows": [{k: v for k, v in good["rows"][0].items()
+                                      if k != "floor_bw_us"}]}):
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps(broken))
+        with pytest.raises(SystemExit, match="not a `ternary bench --json` result"):
+            cli.main(["bench", "--render", str(path)])
+    path.write_text(json.dumps(good))
+    assert cli.main(["bench", "--render", str(path)]) == 0
 
 
 def test_render_json_writes_the_merged_run(tmp_path, capsys):

@@ -136,7 +136,9 @@ def test_apply_matches_gemm_on_cpu(name, m):
 @pytest.mark.parametrize("name", ["fused", "cublas"])
 def test_cublas_path_never_takes_a_cublaslt_epilogue(name, monkeypatch):
     """The WSL2 / Windows fallback (and the fused route's M > 128 path off Hopper) avoids
-    cublasLt: the bias is added apart, never through addmm / linear's fused epilogue."""
+    cublasLt: the bias is added apart, never through addmm / linear's fused epilogue. On
+    CPU the fused route runs its Python composite (ternary.ops); the CUDA op is checked
+    against cuBLASLt's own log by the GPU test below."""
     def refuse(*args, **kwargs):
         raise AssertionError("addmm / linear with a bias goes through cublasLt")
 
@@ -251,3 +253,42 @@ def test_dequantize_repacked_refuses_groups_that_split_tiles():
     packed = ops.pack(torch.zeros(8, 128, dtype=torch.int8))
     with pytest.raises(ValueError, match="group_size 0 or a multiple of 64; got 32"):
         ops.dequantize_repacked(ops.repack(packed), torch.ones(8, 4), 32, 8, 128)
+
+
+_LT_SCRIPT = """
+import torch
+from ternary import kernels, ops
+codes = torch.randint(-1, 2, (512, 1024), dtype=torch.int8)
+packed, scale = ops.pack(codes).cuda(), torch.rand(512).cuda()
+x = torch.randn(kernels.FUSED_MAX_M + 64, 1024, dtype=torch.bfloat16, device="cuda")
+bias = torch.randn(512, dtype=torch.bfloat16, device="cuda")
+if {control}:  # what the paths avoid: addmm with a bias, cublasLt's bias epilogue
+    y = torch.addmm(bias, x, ops.dequantize(packed, scale, 0, x.dtype).t())
+else:
+    for name in ("cublas", "fused"):  # the fused kernel's route above FUSED_MAX_M
+        k = kernels.KERNELS[name]()
+        assert name != "fused" or k.route(x.shape[0]) == "fused>cublas"
+        y = k.apply(x, k.prepare(packed, scale, 0), bias)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="calls cuBLAS")
+def test_cublas_paths_never_call_cublaslt_matmul_on_a_gpu(tmp_path):
+    """cuBLASLt's own API log (CUBLASLT_LOG_LEVEL=5): torch.mm's plain GEMM runs on
+    cuBLAS's internal Lt entry (cublasLtTSTMatmul, H200, torch 2.11), but the paths never
+    reach the public cublasLtMatmul that addmm's bias epilogue takes (the control)."""
+    import os
+    import subprocess
+    import sys
+
+    def api_calls(control: bool) -> list[str]:
+        log = tmp_path / f"lt-{control}.log"
+        env = dict(os.environ, CUBLASLT_LOG_LEVEL="5", CUBLASLT_LOG_FILE=str(log))
+        subprocess.run([sys.executable, "-c", _LT_SCRIPT.format(control=control)], env=env,
+                       check=True, timeout=120)
+        return [ln for ln in log.read_text().splitlines() if "[Api][cublasLtMatmul]" in ln]
+
+    assert api_calls(control=True), "the control made no cublasLtMatmul call: no log?"
+    assert api_calls(control=False) == []
