@@ -31,6 +31,10 @@ def is_linear(name: str, shape: list[int], modules_to_not_convert: list[str] | N
     return bool(_PROJ.search(name)) or any(p in _LINEAR_PARENTS for p in parts[:-1])
 
 
+# module name parts of multimodal checkpoints' other encoders and their projectors
+_OTHER_TOWERS = ("vision", "visual", "audio", "image", "multi_modal", "mm_projector")
+
+
 def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | None:
     """[N, K] that config.json gives a Llama-style projection, with the config values used
     (for the error message); None where config.json does not determine it. Inside a
@@ -51,10 +55,14 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
     kv, head_dim = size("num_key_value_heads"), size("head_dim")
     if hidden in (None, unusable) or heads in (None, unusable):
         return None
-    attention = kv is not unusable and head_dim is not unusable
+    parts = name.split(".")
+    if any(tower in part for part in parts for tower in _OTHER_TOWERS):
+        return None  # a vision / audio encoder: the text config's sizes are not its own
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi): q / kv go through low-rank
+    # projections whose widths config.json gives in other terms
+    attention = kv is not unusable and head_dim is not unusable and "kv_lora_rank" not in text
     kv = kv or heads
     head_dim = head_dim or hidden // heads
-    parts = name.split(".")
     if "experts" in parts:
         inter_key = "moe_intermediate_size"
     elif "shared_expert" in parts:

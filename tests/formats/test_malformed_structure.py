@@ -283,3 +283,29 @@ def test_inspect_lists_every_unreadable_shard(tmp_path):
     report = inspect(d)
     assert not report["ok"] and report["format"] is None
     assert [p["file"] for p in report["problems"]] == [str(sh) for sh in shards]
+
+
+def test_shape_check_skips_other_encoders_and_latent_attention(tmp_path):
+    # Gemma-3-style: the text sizes sit in text_config, and a vision tower's q_proj has
+    # its own; DeepSeek-style MLA: q_proj / o_proj widths are not heads * head_dim
+    from ternary.formats.modules import expected_shape
+
+    text = T.llama_config()
+    mm = {"text_config": text, "vision_config": {"hidden_size": 48}}
+    assert expected_shape(mm, "language_model.model.layers.0.self_attn.q_proj") == \
+        expected_shape(text, "model.layers.0.self_attn.q_proj") is not None
+    for tower in ("vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+                  "visual.blocks.0.attn.qkv_proj", "multi_modal_projector.mm_input_proj"):
+        assert expected_shape(mm, tower) is None, tower
+    mla = {**text, "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 4}
+    assert expected_shape(mla, "model.layers.0.self_attn.q_proj") is None
+    why = "hidden_size=32, intermediate_size=64"
+    assert expected_shape(mla, "model.layers.0.mlp.up_proj") == ((64, 32), why)
+    # end to end: a dense multimodal-style checkpoint converts, its vision q_proj included
+    g = torch.Generator().manual_seed(0)
+    d = T.write_model(tmp_path / "mm", mm, {
+        "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight":
+            torch.randn(48, 48, generator=g),
+        "language_model.model.layers.0.mlp.up_proj.weight": torch.randn(64, 32, generator=g)})
+    report = inspect(d)
+    assert report["ok"] and len(report["modules"]) == 2, report["problems"]
