@@ -48,7 +48,9 @@ DType dtype_of(const at::Tensor& t, const char* name) {
   }
 }
 
-void check_cuda(cudaError_t err, const char* what) {
+// what: the op and its sizes, so a launcher's refusal (a size past its int32 or grid bounds,
+// an unaligned pointer) says which call it was
+void check_cuda(cudaError_t err, const std::string& what) {
   TORCH_CHECK(err == cudaSuccess, msg("ternary: launching ", what, " failed: ",
               cudaGetErrorString(err)));
 }
@@ -99,12 +101,20 @@ at::Tensor pack_cuda(const at::Tensor& codes) {
   TORCH_CHECK(codes.scalar_type() == at::kChar && codes.dim() == 2 && codes.size(1) % 4 == 0,
       msg("codes must be an int8 [N, K] tensor with K a multiple of 4; got ",
               codes.scalar_type(), " ", codes.sizes()));
+  TORCH_CHECK(codes.is_cuda(), msg("codes must be a CUDA tensor; got ", codes.device()));
   const c10::cuda::CUDAGuard guard(codes.device());
+  if (codes.numel()) {
+    // the kernel maps a code c to bits c + 1: a 2 would store code 3, a -2 set a whole byte
+    const auto [lo, hi] = at::aminmax(codes);
+    const int lo_v = lo.item<int8_t>(), hi_v = hi.item<int8_t>();
+    TORCH_CHECK(lo_v >= -1 && hi_v <= 1, msg("codes must hold -1, 0 or +1 only; found values in [",
+                lo_v, ", ", hi_v, "]"));
+  }
   const at::Tensor c = aligned_contiguous(codes, 4);
   at::Tensor out = at::empty({c.size(0), c.size(1) / 4}, c.options().dtype(at::kByte));
   check_cuda(launch_pack(c.data_ptr<int8_t>(), out.data_ptr<uint8_t>(), c.size(0), c.size(1),
                          at::cuda::getCurrentCUDAStream()),
-             "pack");
+             msg("pack (n=", c.size(0), ", k=", c.size(1), ")"));
   return out;
 }
 
@@ -116,7 +126,7 @@ at::Tensor unpack_cuda(const at::Tensor& packed) {
   at::Tensor out = at::empty({n, k}, p.options().dtype(at::kChar));
   check_cuda(launch_unpack(p.data_ptr<uint8_t>(), out.data_ptr<int8_t>(), n, k,
                            at::cuda::getCurrentCUDAStream()),
-             "unpack");
+             msg("unpack (n=", n, ", k=", k, ")"));
   return out;
 }
 
@@ -134,7 +144,7 @@ at::Tensor dequantize_cuda(const at::Tensor& packed, const at::Tensor& scale, in
   check_cuda(launch_dequantize(p.data_ptr<uint8_t>(), s.data_ptr<float>(), out.data_ptr(),
                                dtype_of(out, "dtype"), n, k, group_size, per_tensor,
                                at::cuda::getCurrentCUDAStream()),
-             "dequantize");
+             msg("dequantize (n=", n, ", k=", k, ", group_size=", group_size, ")"));
   return out;
 }
 
@@ -154,7 +164,9 @@ struct Rows {
 };
 
 Rows rows_of(const at::Tensor& x, int64_t k, int64_t n) {
-  at::Tensor x2 = x.reshape({-1, k});
+  int64_t m = 1;  // (reshape(-1, 0) is ambiguous: K = 0 takes M from the shape)
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) m *= x.size(i);
+  at::Tensor x2 = k > 0 ? x.reshape({-1, k}) : at::empty({m, 0}, x.options());
   if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
   std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
   out_shape.push_back(n);
@@ -188,7 +200,7 @@ at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Te
   check_cuda(launch_gemm(x2.data_ptr(), x2.stride(0), p.data_ptr<uint8_t>(), s.data_ptr<float>(),
                          bias ? b.data_ptr() : nullptr, y.data_ptr(), dt, m, n, k, group_size,
                          per_tensor, at::cuda::getCurrentCUDAStream()),
-             "gemm");
+             msg("gemm (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
   return y.view(out_shape);
 }
 
@@ -200,7 +212,7 @@ at::Tensor repack_cuda(const at::Tensor& packed) {
   at::Tensor out = at::empty({(n + 31) / 32, (k + 63) / 64, 512}, p.options());
   check_cuda(launch_repack(p.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k,
                            at::cuda::getCurrentCUDAStream()),
-             "repack");
+             msg("repack (n=", n, ", k=", k, ")"));
   return out;
 }
 
@@ -214,7 +226,7 @@ at::Tensor unrepack_cuda(const at::Tensor& repacked, int64_t n, int64_t k) {
   at::Tensor out = at::empty({n, k / 4}, r.options());
   check_cuda(launch_unrepack(r.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), n, k,
                              at::cuda::getCurrentCUDAStream()),
-             "unrepack");
+             msg("unrepack (n=", n, ", k=", k, ")"));
   return out;
 }
 
@@ -223,6 +235,8 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   TORCH_CHECK(x.dim() >= 1, msg("x must have at least one dimension; got ", x.sizes()));
   const int64_t k = x.size(-1);
   TORCH_CHECK(n >= 0, msg("n (output features) must be >= 0; got ", n));
+  TORCH_CHECK(k % 4 == 0, msg("x has K=", k, " inputs per row (shape ", x.sizes(),
+              "), not a multiple of 4, so no packed ternary weight matches it"));
   check_repacked(repacked, n, k, "x's");
   TORCH_CHECK(repacked.is_cuda() && repacked.is_contiguous() &&
                   reinterpret_cast<uintptr_t>(repacked.data_ptr()) % 16 == 0,
@@ -269,7 +283,7 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
                                dtype_of(x, "x"), m, n, kpad, group_size, per_tensor, num_sms,
                                ws_floats ? ws.data_ptr<float>() : nullptr,
                                at::cuda::getCurrentCUDAStream()),
-             "gemm_fused");
+             msg("gemm_fused (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
   return y.view(out_shape);
 }
 
@@ -286,13 +300,13 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
               msg("dequantize_repacked needs group_size 0 or a multiple of 64; got ", group_size));
   const bool per_tensor = check_scale(scale, n, k, group_size);
   const c10::cuda::CUDAGuard guard(repacked.device());
-  const at::Tensor r = repacked.contiguous();
+  const at::Tensor r = aligned_contiguous(repacked, 16);  // the kernel's 16-byte loads
   const at::Tensor s = scale.contiguous();
   at::Tensor out = at::empty({n, k}, r.options().dtype(dtype));
   check_cuda(launch_dequantize_repacked(r.data_ptr<uint8_t>(), s.data_ptr<float>(),
                                         out.data_ptr(), dtype_of(out, "dtype"), n, k, group_size,
                                         per_tensor, at::cuda::getCurrentCUDAStream()),
-             "dequantize_repacked");
+             msg("dequantize_repacked (n=", n, ", k=", k, ", group_size=", group_size, ")"));
   return out;
 }
 
@@ -305,6 +319,13 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
                              const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() >= 1, msg("x must have at least one dimension; got ", x.sizes()));
   const int64_t k = x.size(-1);
+  // every route's checks up front (the device guard below needs x on a CUDA device, and the
+  // dequantize route does not read repacked when packed is given)
+  TORCH_CHECK(x.is_cuda() && repacked.device() == x.device() && scale.device() == x.device(),
+              msg("x, repacked and scale must be on one CUDA device; got ", x.device(), ", ",
+                  repacked.device(), ", ", scale.device()));
+  TORCH_CHECK(n >= 0, msg("n (output features) must be >= 0; got ", n));
+  check_repacked(repacked, n, k, "x's");
   if (packed) {
     check_packed(*packed);
     TORCH_CHECK(packed->size(0) == n && packed->size(1) * 4 == k && packed->device() == x.device(),

@@ -98,6 +98,8 @@ class Kernel:
     def prepare(self, packed: torch.Tensor, scale: torch.Tensor, group_size: int) -> Prepared:
         n, k = ops.check_packed(packed)
         ops.check_scale(scale, n, k, group_size)
+        ops.check_same_device(packed=packed, scale=scale)
+        check_values(packed, scale)
         return Prepared(n=n, k=k, scale=scale, group_size=group_size, packed=packed)
 
     def apply(self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None):
@@ -107,6 +109,25 @@ class Kernel:
         """The algorithm a call with M rows (of an [n, k] weight, where it matters) takes, for
         reports."""
         return self.name
+
+
+def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
+    """Once per layer at load: a NaN or inf scale, or a code 3 (no kernel decodes it: the
+    CUDA ones read it as +2), would otherwise give silently wrong outputs."""
+    if packed.device.type == "meta":
+        return
+    bad = ~torch.isfinite(scale)
+    if bool(bad.any()):
+        first = bad.nonzero()[0].tolist()
+        raise ValueError(f"scale {list(scale.shape)} has {int(bad.sum())} NaN / inf values "
+                         f"(first at {first}: {scale[tuple(first)].item()}); re-quantize the "
+                         "layer")
+    code3 = (packed & (packed >> 1) & 0x55) != 0
+    if bool(code3.any()):
+        first = code3.nonzero()[0].tolist()
+        raise ValueError(f"packed {list(packed.shape)} holds code 3 in {int(code3.sum())} bytes "
+                         f"(first at [n, byte] = {first}: {int(packed[tuple(first)])}); only "
+                         "0, 1, 2 encode -1, 0, +1: the weight is corrupt")
 
 
 def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | None:
@@ -163,10 +184,10 @@ class FusedKernel(Kernel):
         return self.name if big else "fused>cublas"
 
     def apply(self, x, prepared, bias=None):
-        if x.shape[-1] != prepared.k:
+        if x.dim() < 1 or x.shape[-1] != prepared.k:
             # the repacked shape cannot tell K apart inside the last 64-wide tile
-            raise ValueError(f"x has K={x.shape[-1]} but the layer's weight has K={prepared.k} "
-                             f"(x shape {list(x.shape)})")
+            raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's "
+                             f"weight has K={prepared.k} (x shape {list(x.shape)})")
         # one op routes by M at run time (ops.linear_fused says why not here)
         return ops.linear_fused(x, prepared.repacked, prepared.packed, prepared.scale,
                                 prepared.group_size, prepared.n,

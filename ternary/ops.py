@@ -101,6 +101,23 @@ def check_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group
     return n, k
 
 
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """Every given tensor on the device of the first (fake kernels run on meta inputs, and a
+    scale left there would hand back uninitialised memory on the weight's device)."""
+    named = [(name, t) for name, t in tensors.items() if t is not None]
+    first, where = named[0][0], named[0][1].device
+    for name, t in named[1:]:
+        if t.device != where:
+            raise ValueError(f"{name} is on {t.device} but {first} is on {where}; move them to "
+                             "one device")
+
+
+def check_out_dtype(dtype: torch.dtype) -> None:
+    if not dtype.is_floating_point:
+        raise ValueError(f"dequantize writes a floating-point weight; got dtype={dtype} "
+                         "(use float16, bfloat16 or float32)")
+
+
 def repacked_shape(n: int, k: int) -> list[int]:
     """Shape of ternary::repack's output for an [N, K] weight."""
     return [-(-n // FUSED_TILE_N), -(-k // FUSED_TILE_K), FUSED_TILE_BYTES]
@@ -174,12 +191,13 @@ def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"codes must hold -1, 0 or +1 only; found values in [{int(codes.min())}, {int(codes.max())}]"
         )
-    c = (codes + 1).to(torch.uint8).view(codes.shape[0], -1, 4)
+    c = (codes + 1).to(torch.uint8).reshape(codes.shape[0], codes.shape[1] // 4, 4)
     return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).contiguous()
 
 
 def _unpack_ref(packed: torch.Tensor) -> torch.Tensor:
     n, k = check_packed(packed)
+    packed = packed.contiguous()
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
     codes = (packed.unsqueeze(-1) >> shifts) & 3
     return (codes.to(torch.int8) - 1).view(n, k)
@@ -189,6 +207,8 @@ def _dequantize_ref(packed: torch.Tensor, scale: torch.Tensor, group_size: int,
                     dtype: torch.dtype) -> torch.Tensor:
     n, k = check_packed(packed)
     check_scale(scale, n, k, group_size)
+    check_same_device(packed=packed, scale=scale)
+    check_out_dtype(dtype)
     w = _unpack_ref(packed).to(torch.float32)
     if group_size:
         s = scale.repeat_interleave(group_size, dim=1)[:, :k]
@@ -216,6 +236,7 @@ _TILE_DIMS = "nt kt g t w h f r"
 
 def _repack_ref(packed: torch.Tensor) -> torch.Tensor:
     n, k = check_packed(packed)
+    packed = packed.contiguous()
     nt, kt = repacked_shape(n, k)[:2]
     codes = ((packed.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8,
                                                     device=packed.device)) & 3).view(n, k)
@@ -231,6 +252,7 @@ def _repack_ref(packed: torch.Tensor) -> torch.Tensor:
 
 def _unrepack_ref(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
     check_repacked(repacked, n, k)
+    repacked = repacked.contiguous()
     nt, kt = repacked.shape[:2]
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=repacked.device)
     c = ((repacked.unsqueeze(-1) >> shifts) & 3).view(nt, kt, 8, 4, 4, 2, 4, 2)
@@ -305,6 +327,8 @@ def _unpack_fake(packed):
 def _dequantize_fake(packed, scale, group_size, dtype):
     n, k = check_packed(packed)
     check_scale(scale, n, k, group_size)
+    check_same_device(packed=packed, scale=scale)
+    check_out_dtype(dtype)
     return packed.new_empty((n, k), dtype=dtype)
 
 
@@ -330,6 +354,8 @@ def _unrepack_fake(repacked, n, k):
 def _dequantize_repacked_fake(repacked, scale, group_size, n, k, dtype):
     check_repacked(repacked, n, k)
     check_scale(scale, n, k, group_size)
+    check_same_device(repacked=repacked, scale=scale)
+    check_out_dtype(dtype)
     return repacked.new_empty((n, k), dtype=dtype)
 
 

@@ -140,3 +140,60 @@ def test_repack_and_unrepack_refusals():
         ops.unrepack(repacked, 8, 128)
     with pytest.raises(ValueError, match=r"k=66 must be >= 0 and k a multiple of 4"):
         ops.unrepack(repacked, 8, 66)
+
+
+def test_dequantize_refuses_a_scale_on_another_device():
+    # on meta the op runs its fake kernel, which used to hand back uninitialised memory on
+    # packed's device; prepare refuses it before any kernel runs
+    from ternary import kernels
+
+    packed, scale = ops.pack(torch.zeros(8, 16, dtype=torch.int8)), torch.ones(8)
+    for call in (lambda: ops.dequantize(packed, scale.to("meta")),
+                 lambda: ops.dequantize_repacked(ops.repack(packed), scale.to("meta"), 0, 8, 16),
+                 lambda: kernels.CublasKernel().prepare(packed, scale.to("meta"), 0)):
+        with pytest.raises(ValueError, match="scale is on meta but (re)?packed is on cpu"):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.bool])
+def test_dequantize_refuses_an_integer_output_dtype(dtype):
+    packed, scale = ops.pack(torch.ones(4, 8, dtype=torch.int8)), torch.full((4,), 0.5)
+    with pytest.raises(ValueError, match=f"floating-point weight; got dtype={dtype}"):
+        ops.dequantize(packed, scale, 0, dtype)
+    with pytest.raises(ValueError, match="floating-point weight"):
+        ops.dequantize(packed.to("meta"), scale.to("meta"), 0, dtype)
+
+
+def test_non_contiguous_packed_and_empty_codes():
+    codes = torch.randint(-1, 2, (6, 32), dtype=torch.int8)
+    packed = ops.pack(codes)
+    strided = packed.t().contiguous().t()  # the same values, column-major
+    assert not strided.is_contiguous()
+    assert torch.equal(ops.unpack(strided), codes)
+    assert torch.equal(ops.repack(strided), ops.repack(packed))
+    assert ops.pack(torch.empty(0, 8, dtype=torch.int8)).shape == (0, 2)
+
+
+def test_prepare_refuses_nan_scales_and_code_3():
+    from ternary import kernels
+
+    codes = torch.randint(-1, 2, (8, 16), dtype=torch.int8)
+    packed, scale = ops.pack(codes), torch.rand(8) + 0.5
+    bad = scale.clone()
+    bad[3] = float("inf")
+    with pytest.raises(ValueError, match=r"scale \[8\] has 1 NaN / inf values \(first at \[3\]: inf"):
+        kernels.ReferenceKernel().prepare(packed, bad, 0)
+    corrupt = packed.clone()
+    corrupt[2, 1] = 0xC0  # the top field is 3
+    with pytest.raises(ValueError, match=r"holds code 3 in 1 bytes \(first at \[n, byte\] = "
+                                         r"\[2, 1\]: 192\)"):
+        kernels.ReferenceKernel().prepare(corrupt, scale, 0)
+
+
+def test_fused_apply_refuses_a_scalar_x():
+    from ternary import kernels
+
+    k = kernels.FusedKernel()
+    prepared = k.prepare(ops.pack(torch.zeros(8, 64, dtype=torch.int8)), torch.ones(8), 0)
+    with pytest.raises(ValueError, match="x has K=.* but the layer's weight has K=64"):
+        k.apply(torch.tensor(1.0, dtype=torch.bfloat16), prepared)

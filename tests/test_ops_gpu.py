@@ -597,3 +597,58 @@ def test_gemm_nt_kernel_pairs_and_edges(m):
                               (33, 64, "channel", torch.bfloat16),
                               (7 * 32, 2048, "channel", torch.float16)):
         _fused_with_bias_matches(m, n, k, mode, dtype, "gemm_nt")
+
+
+def test_cuda_refusals_of_bad_values_devices_and_sizes():
+    """What the C++ ops refuse (or handle) that once ran a kernel on bad data or crashed in
+    torch: codes outside -1..1, K not a multiple of 4, x on another device above max_m,
+    integer output dtypes, a scale on meta."""
+    n, k = 40, 128
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    x = torch.randn(3, k, dtype=torch.bfloat16, device="cuda")
+    for bad, found in ((2, r"\[-1, 2\]"), (-2, r"\[-2, 1\]")):
+        c = codes.clone()
+        c[1, 5] = bad
+        with pytest.raises(RuntimeError, match="codes must hold -1, 0 or \\+1 only; found "
+                                               "values in " + found):
+            torch.ops.ternary.pack(c)
+    x130 = torch.randn(3, 132, dtype=torch.bfloat16, device="cuda")[:, :130]
+    with pytest.raises(RuntimeError, match=r"x has K=130 inputs per row .* not a multiple of 4"):
+        torch.ops.ternary.gemm_fused(x130, repacked, scale, 0, n, None)
+    with pytest.raises(RuntimeError, match="x, repacked and scale must be on one CUDA device; "
+                                           "got cpu, cuda:0, cuda:0"):
+        torch.ops.ternary.linear_fused(x.cpu().repeat(100, 1), repacked, None, scale, 0, n, 1,
+                                       None)
+    with pytest.raises(RuntimeError, match="dtype must be float16, bfloat16 or float32; got Char"):
+        torch.ops.ternary.dequantize(packed, scale, 0, torch.int8)
+    with pytest.raises(ValueError, match="scale is on meta but packed is on cuda:0"):
+        ops.dequantize(packed, scale.to("meta"))
+
+
+def test_cuda_ops_with_k_zero_return_the_bias():
+    n = 40
+    packed = torch.empty(n, 0, dtype=torch.uint8, device="cuda")
+    scale = torch.rand(n, device="cuda")
+    bias = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(2, 3, 0, dtype=torch.bfloat16, device="cuda")
+    y = ops.gemm(x, packed, scale, 0, bias)
+    assert y.shape == (2, 3, n) and torch.equal(y, bias.expand(2, 3, n))
+    repacked = ops.repack(packed)
+    for call in (lambda: torch.ops.ternary.gemm_fused(x, repacked, scale, 0, n, bias),
+                 lambda: torch.ops.ternary.linear_fused(x, repacked, None, scale, 0, n, 1, bias)):
+        y = call()
+        assert y.shape == (2, 3, n) and torch.equal(y, bias.expand(2, 3, n))
+
+
+def test_dequantize_repacked_takes_an_unaligned_copy():
+    n, k = 40, 128
+    codes, scale = _weights(n, k, "channel", 0)
+    repacked = ops.repack(ops.pack(codes))
+    buf = torch.empty(repacked.numel() + 1, dtype=torch.uint8, device="cuda")
+    shifted = buf[1:].view(repacked.shape)
+    shifted.copy_(repacked)
+    assert shifted.data_ptr() % 16
+    want = ops.dequantize_repacked(repacked, scale, 0, n, k, torch.float32)
+    assert torch.equal(ops.dequantize_repacked(shifted, scale, 0, n, k, torch.float32), want)
