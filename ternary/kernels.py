@@ -206,6 +206,15 @@ class CublasKernel(Kernel):
         return True, "ok"
 
     def apply(self, x, prepared, bias=None):
+        # the fused route's contract (csrc/ops.cpp), so a bad call fails the same way on
+        # either path instead of in torch's broadcasting
+        if x.dim() < 1 or x.shape[-1] != prepared.k:
+            raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's "
+                             f"weight has K={prepared.k} (x shape {list(x.shape)})")
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != prepared.n
+                                 or bias.dtype != x.dtype or bias.device != x.device):
+            raise ValueError(f"bias must be [N]=[{prepared.n}] of x's dtype {x.dtype} on "
+                             f"{x.device}; got {bias.dtype} {list(bias.shape)} on {bias.device}")
         return self.matmul(x, prepared.packed, prepared, bias)
 
     @staticmethod

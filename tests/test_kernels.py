@@ -292,3 +292,21 @@ def test_cublas_paths_never_call_cublaslt_matmul_on_a_gpu(tmp_path):
 
     assert api_calls(control=True), "the control made no cublasLtMatmul call: no log?"
     assert api_calls(control=False) == []
+
+
+_WANT_BIAS = r"bias must be \[N\]=\[40\] of x's dtype torch.bfloat16 on cpu; got "
+
+
+@pytest.mark.parametrize("bias,match", [
+    (torch.randn(41, dtype=torch.bfloat16), _WANT_BIAS + r"torch.bfloat16 \[41\]"),
+    (torch.randn(40), "got torch.float32 \\[40\\]"),
+    (torch.randn(1, dtype=torch.bfloat16), "got torch.bfloat16 \\[1\\]")])
+def test_cublas_apply_refuses_a_bias_the_fused_route_refuses(bias, match):
+    codes = torch.randint(-1, 2, (40, 200), dtype=torch.int8)
+    kernel = kernels.CublasKernel()
+    prepared = kernel.prepare(ops.pack(codes), torch.rand(40), 0)
+    x = torch.randn(3, 200, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        kernel.apply(x, prepared, bias)
+    with pytest.raises(ValueError, match="x has K=196 but the layer's weight has K=200"):
+        kernel.apply(x[:, :196], prepared)
