@@ -127,7 +127,9 @@ def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
         first = code3.nonzero()[0].tolist()
         raise ValueError(f"packed {list(packed.shape)} holds code 3 in {int(code3.sum())} bytes "
                          f"(first at [n, byte] = {first}: {int(packed[tuple(first)])}); only "
-                         "0, 1, 2 encode -1, 0, +1: the weight is corrupt")
+                         "0, 1, 2 encode -1, 0, +1: the weight is corrupt or was never loaded "
+                         "(vLLM's load_format=dummy leaves integer weights as they were "
+                         "allocated; ternary.bigmodel writes random valid ones)")
 
 
 def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | None:

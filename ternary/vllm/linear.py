@@ -155,7 +155,11 @@ class TernaryLinearMethod(LinearMethodBase):
         kernel = choose_kernel(layer, gs)
         announce_kernel(kernel, layer, gs)
         layer.ternary_kernel = kernel
-        prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data, gs)
+        try:
+            prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data, gs)
+        except ValueError as e:  # (a NaN scale, a code 3: name the layer it is in)
+            where = getattr(layer, "prefix", "") or type(layer).__name__
+            raise ValueError(f"{where}: {e}") from None
         layer.ternary_prepared = prepared
         if prepared.packed is None:
             # The kernel reads only its own layout (the fused kernel: 2 bits a weight); the

@@ -126,6 +126,27 @@ def test_create_weights_and_apply(scale):
     torch.testing.assert_close(method.apply(layer, x), x @ dense.t())
 
 
+def test_a_weight_never_loaded_is_refused_naming_the_layer():
+    """An uninitialised packed weight (vLLM's load_format=dummy leaves integer weights as
+    allocated) or a NaN scale is refused at load, naming the layer, not served as noise."""
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    n, k = 8, 64
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = n, "model.layers.3.mlp.up_proj"
+    method = TernaryLinearMethod(QuantSpec("ternary", "channel", None, ()))
+    method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+    layer.weight.data.fill_(0xFF)  # what an allocation may hold: code 3 everywhere
+    layer.weight_scale.data.fill_(1.0)
+    with pytest.raises(ValueError, match=r"model.layers.3.mlp.up_proj: packed \[8, 16\] holds "
+                                         r"code 3 .* load_format=dummy"):
+        method.process_weights_after_loading(layer)
+    layer.weight.data.fill_(0x55)  # all zeros
+    layer.weight_scale.data[2] = float("nan")
+    with pytest.raises(ValueError, match=r"model.layers.3.mlp.up_proj: scale \[8\] has 1 NaN"):
+        method.process_weights_after_loading(layer)
+
+
 def test_canonical_copy_is_freed_when_the_kernel_keeps_its_own_layout(monkeypatch):
     """A kernel whose prepared weight holds no canonical copy (the fused kernel) leaves the
     layer no loaded weight bytes; one that reads the canonical copy (reference) keeps it."""
