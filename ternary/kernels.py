@@ -132,6 +132,12 @@ def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
                          "allocated; ternary.bigmodel writes random valid ones)")
 
 
+def check_x(x: torch.Tensor, prepared: Prepared) -> None:
+    if x.dim() < 1 or x.shape[-1] != prepared.k:
+        raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's weight "
+                         f"has K={prepared.k} (x shape {list(x.shape)})")
+
+
 def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | None:
     if device.type != "cuda":
         return f"{what} runs on CUDA tensors; the weight is on {device}"
@@ -186,10 +192,9 @@ class FusedKernel(Kernel):
         return self.name if big else "fused>cublas"
 
     def apply(self, x, prepared, bias=None):
-        if x.dim() < 1 or x.shape[-1] != prepared.k:
-            # the repacked shape cannot tell K apart inside the last 64-wide tile
-            raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's "
-                             f"weight has K={prepared.k} (x shape {list(x.shape)})")
+        # (the repacked shape cannot tell K apart inside the last 64-wide tile; the op checks
+        # the rest)
+        check_x(x, prepared)
         # one op routes by M at run time (ops.linear_fused says why not here)
         return ops.linear_fused(x, prepared.repacked, prepared.packed, prepared.scale,
                                 prepared.group_size, prepared.n,
@@ -210,9 +215,7 @@ class CublasKernel(Kernel):
     def apply(self, x, prepared, bias=None):
         # the fused route's contract (csrc/ops.cpp), so a bad call fails the same way on
         # either path instead of in torch's broadcasting
-        if x.dim() < 1 or x.shape[-1] != prepared.k:
-            raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's "
-                             f"weight has K={prepared.k} (x shape {list(x.shape)})")
+        check_x(x, prepared)
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != prepared.n
                                  or bias.dtype != x.dtype or bias.device != x.device):
             raise ValueError(f"bias must be [N]=[{prepared.n}] of x's dtype {x.dtype} on "
