@@ -52,6 +52,7 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
         out.append((f"quantization_config.quantization_mode is {qc['quantization_mode']!r}: the "
                     "weights are stored dense and quantized on the fly, there is nothing packed "
                     "to read", "convert it with `ternary convert --from dense`"))
+    out.extend(m.skip_list_problems(qc))
     return out
 
 

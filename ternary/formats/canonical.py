@@ -53,6 +53,7 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
     elif scale != "group" and group_size is not None:
         out.append((f"quantization_config.group_size is {group_size!r} with scale {scale!r}; "
                     "group_size applies to scale 'group' only", "set group_size to null"))
+    out.extend(m.skip_list_problems(qc))
     return out
 
 

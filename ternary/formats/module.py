@@ -135,6 +135,16 @@ def problem(files: ModelFiles, tensor: str | None, text: str, hint: str = "") ->
     return Problem(where(files, tensor), tensor, text, hint)
 
 
+def skip_list_problems(qc: dict) -> list[tuple[str, str]]:
+    """modules_to_not_convert must be a list of names (a string would read letter by letter
+    and match nothing): the config_problems of every packed format share this."""
+    skip = qc.get("modules_to_not_convert")
+    if skip is None or (isinstance(skip, list) and all(isinstance(e, str) for e in skip)):
+        return []
+    what = f"quantization_config.modules_to_not_convert is {skip!r}; expected a list of names"
+    return [(what, 'fix config.json, e.g. ["lm_head"]')]
+
+
 def config_ok(files: ModelFiles, found: list[tuple[str, str]], problems: list[Problem]) -> bool:
     """Records a format's config_problems (problem, what to do) against config.json; True
     when there were none."""

@@ -71,6 +71,8 @@ def _logical_rows(layer: torch.nn.Module, shard_id) -> int:
         heads = layer.total_num_heads if shard_id == "q" else layer.total_num_kv_heads
         size = getattr(layer, "v_head_size", layer.head_size) if shard_id == "v" else layer.head_size
         return heads * size
+    if isinstance(shard_id, tuple):  # several merged outputs stored as one tensor
+        return sum(layer.output_sizes[i] for i in shard_id)
     return layer.output_sizes[shard_id]  # MergedColumnParallelLinear: 0 | 1 | ...
 
 
@@ -80,20 +82,17 @@ def _adapt(kind: str, spec: QuantSpec, layer: torch.nn.Module, vllm_loader):
     @functools.wraps(vllm_loader)
     def load(param, loaded_weight, loaded_shard_id=None, *args, **kwargs):
         n = _logical_rows(layer, loaded_shard_id)
+        k = layer.ternary_k  # the whole K, before tensor parallel (create_weights)
         name = f"{getattr(layer, 'prefix', '') or type(layer).__name__}.{kind}"
         if loaded_shard_id is not None:
             name += f" (shard {loaded_shard_id!r})"
         if kind == "weight":
             if spec.format == "bitnet":
-                loaded_weight = loading.bitnet_to_canonical(loaded_weight, n, name)
-            elif loaded_weight.dtype != torch.uint8:
-                raise TernaryConfigError(
-                    f"{name}: a ternary weight must be uint8 [N, K/4]; got {loaded_weight.dtype} "
-                    f"{list(loaded_weight.shape)} (a dense checkpoint? convert it with "
-                    f"`ternary convert`)"
-                )
+                loaded_weight = loading.bitnet_to_canonical(loaded_weight, n, name, k)
+            else:
+                loading.check_weight(loaded_weight, n, k, name)
         else:
-            loaded_weight = loading.per_channel_scale(loaded_weight, n, spec, name)
+            loaded_weight = loading.per_channel_scale(loaded_weight, n, spec, name, k)
         if loaded_shard_id is None:
             return vllm_loader(param, loaded_weight, *args, **kwargs)
         return vllm_loader(param, loaded_weight, loaded_shard_id, *args, **kwargs)
@@ -114,10 +113,12 @@ class TernaryLinearMethod(LinearMethodBase):
         k = input_size_per_partition
         tp = max(1, input_size // k)
         if k % PACK:
+            fix = (f"Use a tensor_parallel_size that splits K into multiples of {PACK}"
+                   if k != input_size else "List it in modules_to_not_convert and store it "
+                   "dense (ternary convert --not-convert)")
             raise TernaryConfigError(
                 f"{where}: K per rank = {k} (K={input_size}, tensor parallel {tp}) is not a "
-                f"multiple of {PACK}; ternary weights pack {PACK} codes per byte along K. "
-                f"Use a tensor_parallel_size that splits K into multiples of {PACK}"
+                f"multiple of {PACK}; ternary weights pack {PACK} codes per byte along K. {fix}"
             )
         gs = self.spec.kernel_group_size
         if gs and k != input_size and k % gs:
@@ -128,6 +129,7 @@ class TernaryLinearMethod(LinearMethodBase):
             )
         vllm_loader = extra_weight_attrs.pop("weight_loader")
         n = sum(output_partition_sizes)
+        layer.ternary_k = input_size  # what a checkpoint tensor's K must be (_adapt)
 
         weight = Parameter(torch.empty(n, k // PACK, dtype=torch.uint8), requires_grad=False)
         # packed_dim != output_dim: vLLM's loaders keep shard offsets in rows and slice the

@@ -309,3 +309,11 @@ def test_shape_check_skips_other_encoders_and_latent_attention(tmp_path):
         "language_model.model.layers.0.mlp.up_proj.weight": torch.randn(64, 32, generator=g)})
     report = inspect(d)
     assert report["ok"] and len(report["modules"]) == 2, report["problems"]
+
+
+def test_modules_to_not_convert_must_be_a_list(tmp_path):
+    d = T.write_canonical(tmp_path / "m")
+    T.edit_config(d, quantization_config={**json.loads((d / "config.json").read_text())[
+        "quantization_config"], "modules_to_not_convert": "lm_head"})
+    e = refused_model(d, "modules_to_not_convert is 'lm_head'; expected a list of names")
+    assert '["lm_head"]' in e.record.hint

@@ -126,6 +126,28 @@ def test_create_weights_and_apply(scale):
     torch.testing.assert_close(method.apply(layer, x), x @ dense.t())
 
 
+def test_loaders_refuse_a_checkpoint_tensor_of_another_size():
+    """vLLM's loaders narrow a tensor to the rank's part: one of the wrong size would load
+    cut to fit (or fail inside vLLM). The adapters check it against the whole layer."""
+    from ternary.vllm.linear import TernaryLinearMethod, _logical_rows
+
+    n, k = 8, 128
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = n, "model.layers.0.self_attn.o_proj"
+    method = TernaryLinearMethod(QuantSpec("ternary", "group", 32, ()))
+    method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+    with pytest.raises(TernaryConfigError, match=r"model.layers.0.self_attn.o_proj.weight: the "
+                                                 r"checkpoint weight is \[8, 33\]"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(n, k // 4 + 1, dtype=torch.uint8))
+    with pytest.raises(TernaryConfigError, match=r"o_proj.weight_scale: .*=\[8, 4\] .* got "
+                                                 r"\[8, 8\]"):
+        layer.weight_scale.weight_loader(layer.weight_scale, torch.ones(n, 8))
+    # merged outputs stored as one tensor (a tuple shard id) count all their rows
+    merged = torch.nn.Module()
+    merged.output_sizes = [16, 16, 8]
+    assert _logical_rows(merged, (0, 1)) == 32 and _logical_rows(merged, 2) == 8
+
+
 def test_a_weight_never_loaded_is_refused_naming_the_layer():
     """An uninitialised packed weight (vLLM's load_format=dummy leaves integer weights as
     allocated) or a NaN scale is refused at load, naming the layer, not served as noise."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ternary import ops
+from ternary.formats import bitnet
 from ternary.vllm import loading
 from ternary.vllm.spec import (
     QuantSpec,
@@ -40,6 +41,9 @@ def test_parse_group_and_bitnet():
     ({"quant_method": "ternary", "scale": "channel", "group_size": 32}, "group_size is 32"),
     ({"quant_method": "bitnet", "quantization_mode": "online"}, "'online'"),
     ({"quant_method": "bitnet", "linear_class": "dense"}, "linear_class is 'dense'"),
+    ({"quant_method": "ternary", "modules_to_not_convert": "lm_head"},
+     "modules_to_not_convert is 'lm_head'; expected a list of names"),
+    ({"quant_method": "bitnet", "modules_to_not_convert": [3]}, "modules_to_not_convert is [3]"),
 ])
 def test_parse_refusals(cfg, words):
     with pytest.raises(TernaryConfigError, match="quantization_config") as e:
@@ -115,10 +119,47 @@ def test_per_channel_scale_expansions():
 
 @pytest.mark.parametrize("spec, scale, words", [
     (QuantSpec("ternary", "tensor", None, ()), torch.ones(3), "needs one value"),
-    (QuantSpec("bitnet", "tensor", None, (), "bitlinear"), torch.zeros(1), "weight_scale is 0"),
+    (QuantSpec("bitnet", "tensor", None, (), "bitlinear"), torch.zeros(1),
+     "1 of 1 scale values are NaN, inf or zero (first at index [0]: 0.0)"),
+    # inf for bitlinear used to become a scale of 1 / inf = 0: rows of zeros
+    (QuantSpec("bitnet", "tensor", None, (), "bitlinear"), torch.tensor([float("inf")]),
+     "first at index [0]: inf"),
+    (QuantSpec("ternary", "channel", None, ()), torch.tensor([1.0, float("nan"), 1.0]),
+     "first at index [1]: nan"),
     (QuantSpec("ternary", "channel", None, ()), torch.ones(2), "needs float32 [N]=[3]"),
+    (QuantSpec("ternary", "channel", None, ()), torch.ones(3, dtype=torch.bfloat16),
+     "wrong dtype torch.bfloat16 [3] for a ternary scale; expected F32"),
+    (QuantSpec("bitnet", "tensor", None, (), "bitlinear"), torch.ones(1, dtype=torch.int32),
+     "expected BF16 or F16 or F32"),
+    # a group scale must fit the layer's whole K: vLLM would otherwise cut or mis-slice it
+    (QuantSpec("ternary", "group", 32, ()), torch.ones(3, 5),
+     "needs float32 [N, ceil(K/group_size)]=[3, 4] for the layer's N=3, K=128; got [3, 5]"),
+    (QuantSpec("ternary", "group", 32, ()), torch.ones(3, 8), "got [3, 8]"),
+    (QuantSpec("ternary", "group", 32, ()), torch.ones(3), "got [3]"),
 ])
 def test_per_channel_scale_refusals(spec, scale, words):
     with pytest.raises(TernaryConfigError, match="q_proj.weight_scale") as e:
-        loading.per_channel_scale(scale, 3, spec, "q_proj.weight_scale")
+        loading.per_channel_scale(scale, 3, spec, "q_proj.weight_scale", 128)
     assert words in str(e.value)
+
+
+_WANT_W = ("the checkpoint weight is [8, 33] but the model's layer (config.json) is N=8, "
+           "K=128, i.e. uint8 [N, K/4]=[8, 32]")
+
+
+@pytest.mark.parametrize("shape, words", [
+    ([8, 33], _WANT_W),
+    ([16, 32], "is [16, 32]"), ([8], "is [8]")])
+def test_checkpoint_weight_must_match_the_layer(shape, words):
+    with pytest.raises(TernaryConfigError, match="o_proj.weight") as e:
+        loading.check_weight(torch.zeros(shape, dtype=torch.uint8), 8, 128, "o_proj.weight")
+    assert words in str(e.value)
+    with pytest.raises(TernaryConfigError, match="must be uint8 .* modules_to_not_convert"):
+        loading.check_weight(torch.zeros(8, 128), 8, 128, "o_proj.weight")
+
+
+def test_bitnet_weight_k_must_match_the_layer():
+    packed = bitnet.pack_rows(torch.zeros(8, 132, dtype=torch.int8))
+    with pytest.raises(TernaryConfigError, match="bitnet weight has K=132 inputs but the "
+                                                 "model's layer has K=128"):
+        loading.bitnet_to_canonical(packed, 8, "down_proj.weight", 128)
