@@ -93,6 +93,7 @@ def read(files: ModelFiles, name: str, state: dict,
     start = len(problems)
     ok = m.require(files, wt, "packed weight (uint8 [ceil(N/4), K])", problems)
     ok = m.require(files, st, "scale (one bf16 weight_scale value)", problems) and ok
+    ok = ok and m.listed_but_packed(files, name, problems)
     if not ok:
         return None
     ok = m.check_dtype(files, wt, ("U8",), "a bitnet packed weight", problems)

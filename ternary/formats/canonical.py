@@ -74,6 +74,7 @@ def read(files: ModelFiles, name: str, state: dict,
     start = len(problems)
     ok = m.require(files, wt, "packed weight (uint8 [N, K/4])", problems)
     ok = m.require(files, st, "scale (float32 weight_scale)", problems) and ok
+    ok = ok and m.listed_but_packed(files, name, problems)
     if not ok:
         return None
     ok = m.check_dtype(files, wt, ("U8",), "a packed ternary weight", problems)

@@ -12,6 +12,7 @@ import torch
 
 from ternary.formats.errors import FormatError, Problem
 from ternary.formats.files import CONFIG, INDEX, ModelFiles
+from ternary.formats.modules import not_converted
 
 SCALE_DTYPE = torch.float32
 
@@ -143,6 +144,19 @@ def skip_list_problems(qc: dict) -> list[tuple[str, str]]:
         return []
     what = f"quantization_config.modules_to_not_convert is {skip!r}; expected a list of names"
     return [(what, 'fix config.json, e.g. ["lm_head"]')]
+
+
+def listed_but_packed(files: ModelFiles, name: str, problems: list[Problem]) -> bool:
+    """A module modules_to_not_convert lists is stored dense; one stored packed contradicts
+    the list (and vLLM, which serves listed modules dense, cannot load it). True when fine."""
+    skip = files.quantization_config.get("modules_to_not_convert")
+    if not (isinstance(skip, list) and not_converted(name, skip)):
+        return True
+    problems.append(problem(files, f"{name}.weight", "stored packed, but quantization_config."
+                            f"modules_to_not_convert ({skip}) lists it, which means dense",
+                            "remove it from modules_to_not_convert, or store it dense "
+                            "(ternary convert --not-convert)"))
+    return False
 
 
 def config_ok(files: ModelFiles, found: list[tuple[str, str]], problems: list[Problem]) -> bool:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from ternary.vllm import spec as spec_mod
-from ternary.vllm.linear import TernaryLinearMethod
+from ternary.vllm.linear import SkippedLinearMethod, TernaryLinearMethod
 
 NAME = "ternary"
 
@@ -63,7 +63,7 @@ class TernaryConfig(QuantizationConfig):
             return None  # embeddings and lm_head (ParallelLMHead) stay unquantized
         if spec_mod.is_skipped(prefix, self.spec.modules_to_not_convert,
                                self.packed_modules_mapping):
-            return UnquantizedLinearMethod()
+            return SkippedLinearMethod()
         return TernaryLinearMethod(self.spec)
 
     def get_scaled_act_names(self) -> list[str]:

@@ -20,7 +20,7 @@ import logging
 
 import torch
 from torch.nn import Parameter
-from vllm.model_executor.layers.linear import LinearMethodBase
+from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.utils import set_weight_attrs
 
 from ternary.vllm import loading
@@ -173,3 +173,27 @@ class TernaryLinearMethod(LinearMethodBase):
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return layer.ternary_kernel.apply(x, layer.ternary_prepared, bias)
+
+
+class SkippedLinearMethod(UnquantizedLinearMethod):
+    """A layer modules_to_not_convert keeps dense. A checkpoint that stores it packed anyway
+    would otherwise fail inside vLLM's loader (a uint8 tensor copied into a float weight):
+    this says which layer and what to change."""
+
+    def create_weights(self, layer: torch.nn.Module, *args, **kwargs):
+        super().create_weights(layer, *args, **kwargs)
+        inner = layer.weight.weight_loader
+        where = getattr(layer, "prefix", "") or type(layer).__name__
+
+        @functools.wraps(inner)
+        def load(param, loaded_weight, *a, **kw):
+            if loaded_weight.dtype == torch.uint8:
+                raise TernaryConfigError(
+                    f"{where}.weight: the checkpoint stores it packed (uint8 "
+                    f"{list(loaded_weight.shape)}) but quantization_config."
+                    "modules_to_not_convert lists it, so it is served dense. Remove it from "
+                    "modules_to_not_convert, or store it dense (ternary convert --not-convert)"
+                )
+            return inner(param, loaded_weight, *a, **kw)
+
+        layer.weight.weight_loader = load

@@ -317,3 +317,16 @@ def test_modules_to_not_convert_must_be_a_list(tmp_path):
         "quantization_config"], "modules_to_not_convert": "lm_head"})
     e = refused_model(d, "modules_to_not_convert is 'lm_head'; expected a list of names")
     assert '["lm_head"]' in e.record.hint
+
+
+@pytest.mark.parametrize("writer", [T.write_canonical, T.write_bitnet])
+def test_a_module_listed_as_dense_but_stored_packed(tmp_path, writer):
+    d = writer(tmp_path / "m")
+    qc = json.loads((d / "config.json").read_text())["quantization_config"]
+    T.edit_config(d, quantization_config={**qc, "modules_to_not_convert": ["mlp.up_proj"]})
+    found = [p for p in inspect(d)["problems"] if "stored packed" in p["problem"]]
+    assert [p["tensor"] for p in found] == [f"model.layers.{i}.mlp.up_proj.weight"
+                                            for i in range(2)], found
+    assert "modules_to_not_convert (['mlp.up_proj']) lists it" in found[0]["problem"]
+    with pytest.raises(FormatError, match="stored packed"):
+        dequantize(d, UP)

@@ -285,3 +285,20 @@ def test_kernel_choice_is_logged_once_per_shape_in_the_smokes_format(tmp_path):
                      "cublas for n=48 k=160 dtype=bfloat16 group_size=64"]
     ok, detail = smoke.check_kernel(log, "fused")
     assert not ok and "cublas for n=48" in detail
+
+
+def test_a_listed_module_stored_packed_is_refused_naming_it():
+    """modules_to_not_convert keeps a layer dense; a checkpoint that stores it packed gets a
+    clear error from its weight loader, not a failed copy inside vLLM."""
+    from ternary.vllm.linear import SkippedLinearMethod
+
+    layer = torch.nn.Module()
+    layer.prefix = "model.layers.0.mlp.down_proj"
+    method = SkippedLinearMethod()
+    method.create_weights(layer, 64, [8], 64, 8, torch.float32, weight_loader=_copy_loader)
+    with pytest.raises(TernaryConfigError, match=r"model.layers.0.mlp.down_proj.weight: the "
+                                                 r"checkpoint stores it packed \(uint8 \[8, 16\]\)"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(8, 16, dtype=torch.uint8))
+    dense = torch.randn(8, 64)
+    layer.weight.weight_loader(layer.weight, dense)  # a dense weight loads as before
+    assert torch.equal(layer.weight.data, dense)
