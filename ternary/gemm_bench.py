@@ -342,6 +342,8 @@ def run_cli(args) -> int:
         if k <= 0 or n <= 0 or k % 4:
             raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
         shapes.append((k, n))
+    if any(m < 1 for m in args.m) or args.replays < 1:
+        raise SystemExit(f"--m {args.m} and --replays {args.replays}: give positive numbers")
     if not 0 <= args.settle <= 10:
         raise SystemExit(f"--settle {args.settle}: give idle seconds between 0 and 10")
     if not 0 <= args.sustain <= 60:

@@ -109,6 +109,10 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
         raise ValueError(f"group_size={group_size} must be positive and divide the tiny "
                          f"model's K values {ks}")
     out.mkdir(parents=True, exist_ok=True)
+    # weights a previous model left there (another sharding, an index) would mix with these
+    for stale in [*out.glob("*.safetensors"), out / "model.safetensors.index.json"]:
+        if stale.is_file():
+            stale.unlink()
     vocab = train_tokenizer(out)
     d = _dims()
     g = torch.Generator().manual_seed(seed)

@@ -153,7 +153,7 @@ def cpu_slices(ranks: int) -> str:
     return "|".join(out)
 
 
-def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1):
+def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1, max_len: int = 256):
     if tp == 1:  # the engine in this process, so the layer hooks can reach the model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     elif os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
@@ -163,7 +163,7 @@ def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1):
     from vllm import LLM
 
     kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,
-              "max_model_len": 256, "max_logprobs": vocab, "tensor_parallel_size": tp}
+              "max_model_len": max_len, "max_logprobs": vocab, "tensor_parallel_size": tp}
     try:  # compare logits themselves where vLLM can return them (>= 0.10)
         return LLM(**kwargs, logprobs_mode="raw_logits"), "logits"
     except TypeError:
@@ -246,6 +246,19 @@ def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | N
 # ---------------------------------------------------------------------------------------
 
 
+def context_length(config: dict, tok, prompts: list[str], max_tokens: int) -> int:
+    """vLLM's max_model_len: 256 (what validate always used) or more where the longest
+    prompt plus max_tokens needs it, never past the model's max_position_embeddings (vLLM
+    refuses that; past it the run would stop early and fail for no fault of the weights)."""
+    need = max(len(tok(p).input_ids) for p in prompts) + max_tokens
+    limit = config.get("max_position_embeddings")
+    limit = limit if isinstance(limit, int) and limit > 0 else None
+    if limit is not None and need > limit:
+        raise ValueError(f"the longest prompt plus --max-tokens {max_tokens} is {need} tokens, "
+                         f"past the model's max_position_embeddings={limit}; lower --max-tokens")
+    return min(max(256, need), limit) if limit else max(256, need)
+
+
 def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
              prompts: list[str] | None = None, progress=None, tp: int = 1) -> Report:
     from transformers import AutoTokenizer
@@ -262,7 +275,8 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
     step("building the float32 transformers reference from the dequantized weights")
     ref = reference_model(model_dir, torch.float32)
     step(f"starting vLLM (offline API, tensor parallel {tp})")
-    llm, kind = vllm_engine(model_dir, dtype, vocab, tp)
+    llm, kind = vllm_engine(model_dir, dtype, vocab, tp,
+                            context_length(config, tok, prompts or PROMPTS, max_tokens))
     results = []
     for p in prompts or PROMPTS:
         step(f"prompt {p!r}")

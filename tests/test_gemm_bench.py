@@ -60,6 +60,12 @@ def test_render_stored_sustained_run(capsys):
     assert "each kernel ran 2 s before its timing" in out and "4096 x 22016" in out
 
 
+@pytest.mark.parametrize("argv", [["--m", "0"], ["--m", "1", "-4"], ["--replays", "0"]])
+def test_bad_m_or_replays(argv):
+    with pytest.raises(SystemExit, match="give positive numbers"):
+        cli.main(["bench", "--shapes", "64x64", *argv])
+
+
 def test_bad_sustain():
     with pytest.raises(SystemExit, match="--sustain -1.0"):
         cli.main(["bench", "--sustain", "-1", "--shapes", "64x64", "--m", "1"])

@@ -98,9 +98,17 @@ def arch_to_sm(arch: str) -> str:
 
 
 def _read(path: Path | None) -> tuple[Path, dict]:
-    path = Path(path or os.environ.get("TERNARY_TARGETS_TOML") or TARGETS_TOML)
-    with open(path, "rb") as f:
-        return path, tomllib.load(f)
+    env = os.environ.get("TERNARY_TARGETS_TOML")
+    src = f"{path or env} (from TERNARY_TARGETS_TOML)" if env and not path else None
+    path = Path(path or env or TARGETS_TOML)
+    src = src or str(path)
+    try:
+        with open(path, "rb") as f:
+            return path, tomllib.load(f)
+    except OSError as e:
+        raise MatrixError(f"{src}: cannot read the target matrix ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MatrixError(f"{src}: not valid TOML ({e})") from None
 
 
 def cuda_versions(path: Path | None = None) -> dict[str, CudaVersion]:
@@ -117,6 +125,8 @@ def load(path: Path | None = None) -> dict[str, Target]:
     cudas = cuda_versions(path)
     defaults = data.get("defaults", {})
     out: dict[str, Target] = {}
+    if not isinstance(data.get("targets"), dict):
+        raise MatrixError(f"{path}: no [targets] table; each target is a [targets.NAME] table")
     for name, t in data["targets"].items():
         t = {**defaults, **t}
         cuda = None

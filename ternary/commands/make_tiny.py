@@ -6,16 +6,38 @@ import sys
 from pathlib import Path
 
 
+def _out_dir(text: str) -> Path:
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path would write into the current directory; "
+                                         "name the directory to create")
+    return Path(text)
+
+
+def _seed(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is not in 0 .. 2**63 - 1")
+    return value
+
+
 def add_arguments(p) -> None:
     from ternary import tiny
 
-    p.add_argument("out", type=Path, help="directory to write (created; files overwritten)")
+    p.add_argument("out", type=_out_dir, help="directory to write (created; a previous "
+                   "make-tiny model there is replaced)")
     p.add_argument("--format", default="ternary", choices=tiny.FORMATS,
                    help="ternary: canonical v1; bitnet: transformers' layout (Llama arch)")
     p.add_argument("--scale", default="channel", choices=tiny.SCALES,
                    help="scale granularity of the ternary format (bitnet: one per tensor)")
     p.add_argument("--group-size", type=int, default=32, help="with --scale group")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
 
 
 def run(args) -> int:
@@ -29,6 +51,14 @@ def run(args) -> int:
             tiny.make(args.out, args.format, args.scale, args.group_size, args.seed)
     except ValueError as e:
         print(f"ternary make-tiny: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"ternary make-tiny: cannot write {args.out} ({e.strerror or e}: "
+              f"{e.filename or args.out}); choose a directory you can create", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"ternary make-tiny: {e.name or e} is not installed (the tokenizer needs it: "
+              "pip install tokenizers)", file=sys.stderr)
         return 2
     for f in sorted(args.out.iterdir()):
         console.print(f"  {f.name:28} {f.stat().st_size:>10,} bytes")

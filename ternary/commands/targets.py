@@ -11,9 +11,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import sys
+
     from ternary._build import matrix
 
-    targets = matrix.load()
+    try:
+        targets = matrix.load()
+    except matrix.MatrixError as e:
+        print(f"ternary targets: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(e)}))
+        return 2
     if args.json:
         print(json.dumps({n: dataclasses.asdict(t) for n, t in targets.items()}, indent=2))
         return 0

@@ -11,10 +11,12 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
+    from ternary.commands import positive_int
+
     p.add_argument("model_dir", type=Path, help="Hugging Face model directory (ternary or bitnet)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per prompt")
-    p.add_argument("--tp", type=int, default=1, metavar="N",
+    p.add_argument("--max-tokens", type=positive_int, default=16, help="greedy tokens per prompt")
+    p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="vLLM tensor_parallel_size (the weights are sharded by vLLM's loaders)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO log")
@@ -30,6 +32,35 @@ def _report_stream():
     return out
 
 
+def _refusal(model_dir: Path) -> str | None:
+    """Why validate cannot run on this directory, before vLLM starts (minutes on a CPU)."""
+    config = model_dir / "config.json"
+    if not config.is_file():
+        return (f"{model_dir}: no config.json; pass a Hugging Face model directory (make one "
+                "with `ternary make-tiny DIR`)")
+    try:
+        qc = json.loads(config.read_text()).get("quantization_config") or {}
+    except (ValueError, AttributeError) as e:
+        return f"{config}: not a JSON object ({e})"
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method in ("ternary", "bitnet"):
+        return None
+    if method in ("vendor-int8", "vendor_int8"):
+        return (f"{model_dir} is a vendor-int8 checkpoint, which vLLM does not read: "
+                "`ternary convert` it to the canonical format first")
+    if method is None:
+        return (f"{model_dir} has no quantization_config: a dense model has nothing ternary "
+                "to validate (`ternary convert --from dense` quantizes it)")
+    return f"{config}: quant_method {method!r} is not ternary or bitnet"
+
+
+def _fail(args, why: str, out=None) -> int:
+    print(f"ternary validate: {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"ok": False, "error": why}), file=out or sys.stdout, flush=True)
+    return 2
+
+
 def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -40,16 +71,21 @@ def run(args) -> int:
     if not args.verbose:  # vLLM logs every engine setting at INFO, on stdout
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     console = Console(stderr=True)
-    if not (args.model_dir / "config.json").is_file():
-        print(f"ternary validate: {args.model_dir}: no config.json; pass a Hugging Face model "
-              f"directory (make one with `ternary make-tiny DIR`)", file=sys.stderr)
-        return 2
+    why = _refusal(args.model_dir)
+    if why:
+        return _fail(args, why)
     from ternary.validate import validate
 
     out = _report_stream()
-    with console.status("validating") as status:
-        report = validate(args.model_dir, args.dtype, args.max_tokens,
-                          progress=lambda m: (status.update(m), console.log(m)), tp=args.tp)
+    try:
+        with console.status("validating") as status:
+            report = validate(args.model_dir, args.dtype, args.max_tokens,
+                              progress=lambda m: (status.update(m), console.log(m)), tp=args.tp)
+    except Exception as e:  # one line, not a traceback (--verbose keeps it)
+        if args.verbose:
+            raise
+        return _fail(args, f"{args.model_dir}: {type(e).__name__}: {e} (--verbose shows where)",
+                     out)
     if args.json:
         d = dataclasses.asdict(report)
         d["ok"] = report.ok

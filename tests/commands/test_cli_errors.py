@@ -1,0 +1,114 @@
+"""Bad arguments and environments of the `ternary` commands: one message and exit 2 (with
+--json, a JSON error object), never a traceback. None of these starts vLLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ternary.cli import main
+from ternary.formats import testing as T
+
+
+def _usage_error(argv, capsys, words):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_make_tiny_argument_refusals(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _usage_error(["make-tiny", ""], capsys, "an empty path would write into the current directory")
+    assert not list(tmp_path.iterdir())
+    for seed in ("-1", str(2**64)):
+        _usage_error(["make-tiny", "m", "--seed", seed], capsys, "is not in 0 .. 2**63 - 1")
+    (tmp_path / "afile").write_text("x")
+    assert main(["make-tiny", str(tmp_path / "afile" / "m")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_make_tiny_replaces_a_previous_models_weights(tmp_path):
+    pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
+    d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)  # sharded, with an index
+    assert (d / "model.safetensors.index.json").exists()
+    assert main(["make-tiny", str(d)]) == 0
+    assert sorted(p.name for p in d.glob("*.safetensors")) == ["model.safetensors"]
+    assert not (d / "model.safetensors.index.json").exists()
+    assert main(["inspect", str(d)]) == 0
+
+
+@pytest.mark.parametrize("writer,words", [
+    (T.write_dense, "no quantization_config: a dense model has nothing ternary to validate"),
+    (T.write_vendor_int8, "vendor-int8 checkpoint, which vLLM does not read: `ternary convert`"),
+])
+def test_validate_refuses_before_starting_vllm(tmp_path, capsys, writer, words):
+    d = writer(tmp_path / "m")
+    assert main(["validate", str(d), "--json"]) == 2
+    out = capsys.readouterr()
+    assert words in out.err and json.loads(out.out) == {"ok": False, "error": out.err.split(
+        "ternary validate: ", 1)[1].strip()}
+
+
+@pytest.mark.parametrize("flag", ["--max-tokens", "--tp"])
+def test_validate_sizes_must_be_positive(tmp_path, capsys, flag):
+    _usage_error(["validate", str(tmp_path), flag, "0"], capsys, "0 is not a positive integer")
+
+
+def test_validate_context_length_stays_within_the_model():
+    from ternary.validate import context_length
+
+    class Tok:
+        def __call__(self, text):
+            return type("Ids", (), {"input_ids": text.split()})()
+
+    prompts = ["a b c", "a b c d e"]
+    assert context_length({"max_position_embeddings": 4096}, Tok(), prompts, 16) == 256
+    assert context_length({"max_position_embeddings": 4096}, Tok(), prompts, 300) == 305
+    assert context_length({"max_position_embeddings": 128}, Tok(), prompts, 16) == 128
+    with pytest.raises(ValueError, match="is 305 tokens, past the model's "
+                                         "max_position_embeddings=128; lower --max-tokens"):
+        context_length({"max_position_embeddings": 128}, Tok(), prompts, 300)
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "(from TERNARY_TARGETS_TOML): cannot read the target matrix"),
+    ("[targets\n", "not valid TOML"),
+    ("[cuda]\n", "no [targets] table"),
+])
+def test_targets_names_a_matrix_it_cannot_read(tmp_path, capsys, monkeypatch, content, words):
+    path = tmp_path / "targets.toml"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setenv("TERNARY_TARGETS_TOML", str(path))
+    assert main(["targets", "--json"]) == 2
+    out = capsys.readouterr()
+    assert words in out.err and words in json.loads(out.out)["error"]
+
+
+def test_convert_cannot_write_its_destination(tmp_path, capsys):
+    src = T.write_bitnet(tmp_path / "b")
+    (tmp_path / "afile").write_text("x")
+    assert main(["convert", str(src), str(tmp_path / "afile" / "out"), "--json"]) == 2
+    out = capsys.readouterr()
+    assert json.loads(out.out)["ok"] is False and "cannot write the converted model" in out.err
+
+
+def test_bench_serve_checks_its_json_path_before_running(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert main(["bench-serve", "--prepare-only", "--shape", "tiny", "--work",
+                 str(tmp_path / "w"), "--json", str(tmp_path / "afile" / "r.json")]) == 2
+    assert "--json" in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+
+def test_serve_without_a_working_vllm(monkeypatch, capsys):
+    import ternary.vllm.register as reg
+
+    def broken():
+        raise ImportError("No module named 'vllm.model_executor'")
+
+    monkeypatch.setattr(reg, "register", broken)
+    assert main(["serve", "some-model"]) == 2
+    assert "vLLM is not importable (No module named 'vllm.model_executor')" in \
+        capsys.readouterr().err
