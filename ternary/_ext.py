@@ -26,6 +26,12 @@ def load() -> object | None:
             module = importlib.import_module("ternary._C")
         except ImportError as e:  # wrong torch ABI, missing libcudart, ...
             _state["error"] = e
+        if module is not None and not hasattr(module, "build_info"):
+            # a build from before this package's sources (its ops may not match them)
+            _state["error"] = ImportError(
+                f"{getattr(module, '__file__', 'ternary._C')} predates this vllm-ternary (it "
+                "has no build_info); rebuild it")
+            module = None
     _state["module"] = module
     return module
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from ternary._build import matrix, windows
@@ -87,7 +89,8 @@ def test_extension_loader_registers_dll_directories_first(monkeypatch):
     monkeypatch.setattr(windows, "register_dll_directories", lambda: calls.append("dll"))
     monkeypatch.setattr(_ext, "_state", {})
     monkeypatch.setattr(_ext.importlib.util, "find_spec", lambda name: object())
+    ext = types.SimpleNamespace(build_info=dict)  # (an extension from these sources has it)
     monkeypatch.setattr(_ext.importlib, "import_module",
-                        lambda name: calls.append(name) or object())
+                        lambda name: calls.append(name) or ext)
     assert _ext.load() is not None
     assert calls == ["dll", "ternary._C"]

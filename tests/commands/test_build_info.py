@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def _ternary(*args):
     # -P: run the installed package, not a checkout in the working directory
@@ -28,3 +30,29 @@ def test_targets_json_lists_matrix():
     data = json.loads(_ternary("targets", "--json"))
     assert data["h100"]["arch_list"] == ["9.0a"]
     assert "current" in _ternary("targets")
+
+
+def test_a_stale_extension_is_reported_not_a_traceback(monkeypatch, capsys):
+    """An extension built from older sources (no build_info) reads as present but unusable,
+    with the advice to rebuild, in build-info and wherever a native op is needed."""
+    import importlib
+    import importlib.util
+    import types
+
+    from ternary import _ext
+    from ternary.cli import main
+
+    stale = types.ModuleType("ternary._C")
+    stale.__file__ = "/x/ternary/_C.so"
+    monkeypatch.setattr(_ext, "_state", {})
+    with monkeypatch.context() as m:  # only for the extension's one import (it is cached)
+        m.setattr(importlib.util, "find_spec", lambda name, *a: object())
+        m.setattr(importlib, "import_module", lambda name, *a: stale)
+        assert _ext.load() is None
+    assert main(["build-info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["extension"] is False
+    assert "present but fails to load: /x/ternary/_C.so predates this vllm-ternary" in \
+        info["extension_status"]
+    with pytest.raises(RuntimeError, match="predates this vllm-ternary .* Rebuild it"):
+        _ext.require()
