@@ -91,6 +91,9 @@ def _absmean(w: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tens
     return (w / s).round().clamp(-1, 1).to(torch.int8), s.to(torch.float32)
 
 
+INDEX_NAME = "model.safetensors.index.json"
+
+
 def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: int = 32,
          seed: int = 0) -> Path:
     """Writes the tiny model to `out` and returns it."""
@@ -108,11 +111,14 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     if scale == "group" and (group_size <= 0 or any(k % group_size for k in ks)):
         raise ValueError(f"group_size={group_size} must be positive and divide the tiny "
                          f"model's K values {ks}")
+    # shards or an index another model left there would mix with these weights; deleting
+    # them could destroy a real model the path named by mistake, so refuse instead
+    others = sorted(p.name for p in [*out.glob("*.safetensors"), out / INDEX_NAME]
+                    if p.exists() and p.name != "model.safetensors") if out.is_dir() else []
+    if others:
+        raise ValueError(f"{out} holds another model's weights ({', '.join(others[:3])}"
+                         f"{', ...' if len(others) > 3 else ''}); choose an empty directory")
     out.mkdir(parents=True, exist_ok=True)
-    # weights a previous model left there (another sharding, an index) would mix with these
-    for stale in [*out.glob("*.safetensors"), out / "model.safetensors.index.json"]:
-        if stale.is_file():
-            stale.unlink()
     vocab = train_tokenizer(out)
     d = _dims()
     g = torch.Generator().manual_seed(seed)

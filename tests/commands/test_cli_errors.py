@@ -29,14 +29,12 @@ def test_make_tiny_argument_refusals(tmp_path, capsys, monkeypatch):
     assert "cannot write" in capsys.readouterr().err
 
 
-def test_make_tiny_replaces_a_previous_models_weights(tmp_path):
-    pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
+def test_make_tiny_refuses_a_directory_holding_another_models_weights(tmp_path, capsys):
     d = T.write_canonical(tmp_path / "m", max_shard_bytes=4000)  # sharded, with an index
-    assert (d / "model.safetensors.index.json").exists()
-    assert main(["make-tiny", str(d)]) == 0
-    assert sorted(p.name for p in d.glob("*.safetensors")) == ["model.safetensors"]
-    assert not (d / "model.safetensors.index.json").exists()
-    assert main(["inspect", str(d)]) == 0
+    before = sorted(p.name for p in d.iterdir())
+    assert main(["make-tiny", str(d)]) == 2
+    assert "holds another model's weights (model-00001-of-" in capsys.readouterr().err
+    assert sorted(p.name for p in d.iterdir()) == before  # nothing deleted or added
 
 
 @pytest.mark.parametrize("writer,words", [
