@@ -112,16 +112,15 @@ class Kernel:
 
 
 def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
-    """Once per layer at load: a NaN or inf scale, or a code 3 (no kernel decodes it: the
-    CUDA ones read it as +2), would otherwise give silently wrong outputs."""
+    """Once per layer at load: a NaN, inf or zero scale, or a code 3 (no kernel decodes it:
+    the CUDA ones read it as +2), would otherwise give silently wrong outputs."""
+    from ternary.formats.module import bad_scale_values
+
     if packed.device.type == "meta":
         return
-    bad = ~torch.isfinite(scale)
-    if bool(bad.any()):
-        first = bad.nonzero()[0].tolist()
-        raise ValueError(f"scale {list(scale.shape)} has {int(bad.sum())} NaN / inf values "
-                         f"(first at {first}: {scale[tuple(first)].item()}); re-quantize the "
-                         "layer")
+    why = bad_scale_values(scale)
+    if why:
+        raise ValueError(f"scale {list(scale.shape)}: {why}; re-quantize the layer")
     code3 = (packed & (packed >> 1) & 0x55) != 0
     if bool(code3.any()):
         first = code3.nonzero()[0].tolist()
@@ -216,10 +215,8 @@ class CublasKernel(Kernel):
         # the fused route's contract (csrc/ops.cpp), so a bad call fails the same way on
         # either path instead of in torch's broadcasting
         check_x(x, prepared)
-        if bias is not None and (bias.dim() != 1 or bias.shape[0] != prepared.n
-                                 or bias.dtype != x.dtype or bias.device != x.device):
-            raise ValueError(f"bias must be [N]=[{prepared.n}] of x's dtype {x.dtype} on "
-                             f"{x.device}; got {bias.dtype} {list(bias.shape)} on {bias.device}")
+        ops.check_bias(bias, x, prepared.n)
+        ops.check_same_device(x=x, bias=bias)
         return self.matmul(x, prepared.packed, prepared, bias)
 
     @staticmethod

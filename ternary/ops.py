@@ -95,9 +95,7 @@ def check_gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group
     check_scale(scale, n, k, group_size)
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
         raise ValueError(f"bias must be [N]={[n]}, got {list(bias.shape)}")
-    for t, name in ((packed, "packed"), (scale, "scale"), (bias, "bias")):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    check_same_device(x=x, packed=packed, scale=scale, bias=bias)
     return n, k
 
 
@@ -110,6 +108,14 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         if t.device != where:
             raise ValueError(f"{name} is on {t.device} but {first} is on {where}; move them to "
                              "one device")
+
+
+def check_bias(bias: torch.Tensor | None, x: torch.Tensor, n: int) -> None:
+    """The fused route's bias: [N] of x's dtype (csrc/ops.cpp check_bias; the cublas kernel
+    takes the same)."""
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [N]={[n]} of x's dtype {x.dtype}; got "
+                         f"{bias.dtype} {list(bias.shape)}")
 
 
 def check_out_dtype(dtype: torch.dtype) -> None:
@@ -153,12 +159,8 @@ def check_gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tenso
             "(use ternary.ops.gemm or TERNARY_KERNEL=cublas for this checkpoint)"
         )
     check_scale(scale, n, k, group_size)
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n or bias.dtype != x.dtype):
-        raise ValueError(f"bias must be [N]={[n]} of x's dtype {x.dtype}; got "
-                         f"{bias.dtype} {list(bias.shape)}")
-    for t, name in ((repacked, "repacked"), (scale, "scale"), (bias, "bias")):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+    check_bias(bias, x, n)
+    check_same_device(x=x, repacked=repacked, scale=scale, bias=bias)
     return k
 
 
@@ -172,8 +174,7 @@ def check_linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Te
         if list(packed.shape) != [n, k // 4] or k % 4:
             raise ValueError(f"packed must be uint8 [n, K/4] = {[n, k // 4]} for n={n} and x's "
                              f"K={k}; got {list(packed.shape)}")
-        if packed.device != x.device:
-            raise ValueError(f"packed is on {packed.device} but x is on {x.device}")
+        check_same_device(x=x, packed=packed)
     return k
 
 

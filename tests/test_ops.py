@@ -181,7 +181,8 @@ def test_prepare_refuses_nan_scales_and_code_3():
     packed, scale = ops.pack(codes), torch.rand(8) + 0.5
     bad = scale.clone()
     bad[3] = float("inf")
-    with pytest.raises(ValueError, match=r"scale \[8\] has 1 NaN / inf values \(first at \[3\]: inf"):
+    with pytest.raises(ValueError, match=r"scale \[8\]: 1 of 8 scale values are inf \(first at "
+                                         r"index \[3\]: inf\)"):
         kernels.ReferenceKernel().prepare(packed, bad, 0)
     corrupt = packed.clone()
     corrupt[2, 1] = 0xC0  # the top field is 3

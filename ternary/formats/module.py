@@ -195,19 +195,27 @@ def check_dtype(files: ModelFiles, tensor: str, allowed: tuple[str, ...], what: 
     return False
 
 
-def check_scale_values(files: ModelFiles, tensor: str, scale: torch.Tensor,
-                       problems: list[Problem]) -> bool:
+def bad_scale_values(scale: torch.Tensor) -> str | None:
+    """What is wrong with a scale's values (NaN, inf or zero; every reader and the kernels'
+    prepare refuse them), or None."""
     s = scale.to(torch.float32)
     bad = ~torch.isfinite(s) | (s == 0)
-    if not bad.any():
-        return True
+    if not bool(bad.any()):
+        return None
     first = bad.nonzero()[0].tolist()
     kinds = [k for k, m in (("NaN", torch.isnan(s)), ("inf", torch.isinf(s)), ("zero", s == 0))
              if m.any()]
-    problems.append(problem(
-        files, tensor, f"{int(bad.sum())} of {s.numel()} scale values are "
-        f"{'/'.join(kinds)} (first at index {first}: {s[tuple(first)].item()})",
-        "every scale must be finite and non-zero; re-quantize those rows"))
+    return (f"{int(bad.sum())} of {s.numel()} scale values are {'/'.join(kinds)} (first at "
+            f"index {first}: {s[tuple(first)].item()}); every scale must be finite and non-zero")
+
+
+def check_scale_values(files: ModelFiles, tensor: str, scale: torch.Tensor,
+                       problems: list[Problem]) -> bool:
+    why = bad_scale_values(scale)
+    if why is None:
+        return True
+    problems.append(problem(files, tensor, why.split("; ")[0],
+                            "every scale must be finite and non-zero; re-quantize those rows"))
     return False
 
 

@@ -16,6 +16,7 @@ import torch
 
 from ternary import ops
 from ternary.formats import bitnet
+from ternary.formats.module import bad_scale_values
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 
 # torch dtype -> safetensors dtype name, for the format readers' dtype rules
@@ -89,13 +90,9 @@ def per_channel_scale(loaded: torch.Tensor, n: int, spec: QuantSpec, name: str,
         raise TernaryConfigError(f"{name}: wrong dtype {loaded.dtype} {list(loaded.shape)} for a "
                                  f"{spec.format} scale; expected {' or '.join(allowed)}")
     s = loaded.to(torch.float32)
-    bad = ~torch.isfinite(s) | (s == 0)
-    if bool(bad.any()):
-        first = bad.nonzero()[0].tolist()
-        raise TernaryConfigError(f"{name}: {int(bad.sum())} of {s.numel()} scale values are NaN, "
-                                 f"inf or zero (first at index {first}: "
-                                 f"{s[tuple(first)].item()}); every scale must be finite and "
-                                 "non-zero")
+    why = bad_scale_values(s)
+    if why:
+        raise TernaryConfigError(f"{name}: {why}")
     if spec.scale == "group":
         groups = -(-k // spec.group_size) if k is not None else None
         if s.dim() != 2 or s.shape[0] != n or (groups is not None and s.shape[1] != groups):

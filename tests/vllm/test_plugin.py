@@ -165,7 +165,8 @@ def test_a_weight_never_loaded_is_refused_naming_the_layer():
         method.process_weights_after_loading(layer)
     layer.weight.data.fill_(0x55)  # all zeros
     layer.weight_scale.data[2] = float("nan")
-    with pytest.raises(ValueError, match=r"model.layers.3.mlp.up_proj: scale \[8\] has 1 NaN"):
+    with pytest.raises(ValueError, match=r"model.layers.3.mlp.up_proj: scale \[8\]: 1 of 8 scale "
+                                         r"values are NaN"):
         method.process_weights_after_loading(layer)
 
 
