@@ -17,7 +17,11 @@ off, fresh prompts for every run, so nothing is served from cache):
   one-token generate() of the batch ("wall, 1 token");
 - ms/step: (median wall - TTFT) / (output_len - 1), the decode step time;
 - weights: vLLM's "Model loading took X GiB" (GPU memory the load added), else the bytes of
-  the model's parameters and of the tensors its ternary kernels prepared (CPU).
+  the model's parameters and of the tensors its ternary kernels prepared (CPU); per GPU
+  (per rank) under tensor parallelism, where each rank holds its shard.
+
+With `tps` (--tp 1,2) every model runs once per tensor-parallel size; a run is then named
+"ternary@tp2", compared with bf16 at the same size and with itself at tensor parallel 1.
 """
 
 from __future__ import annotations
@@ -75,6 +79,26 @@ def parse_batches(text: str) -> list[int]:
     return sorted(set(batches))
 
 
+def parse_tps(text: str) -> list[int]:
+    """--tp: tensor-parallel sizes, comma-separated (each model runs at every one)."""
+    try:
+        tps = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        tps = []
+    if not tps or any(t < 1 for t in tps):
+        raise BenchError(f"--tp {text!r}: give tensor-parallel sizes as positive integers, "
+                         f"comma-separated (e.g. 1,2)")
+    return list(dict.fromkeys(tps))
+
+
+def gpus_available() -> int | None:
+    """CUDA GPUs torch sees, or None where there are none (vLLM's CPU backend runs tensor
+    parallel ranks as processes on the CPU)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
 def loading_gib(log: str) -> float | None:
     """The last "Model loading took X GiB" of a vLLM log (GPU runners log it)."""
     found = LOAD_RE.findall(log)
@@ -112,8 +136,18 @@ class ModelRun:
     env: dict = dataclasses.field(default_factory=dict)  # vllm, torch, device
     points: list[Point] = dataclasses.field(default_factory=list)
 
+    tp: int = 1
+
     def point(self, batch: int) -> Point | None:
         return next((p for p in self.points if p.batch == batch), None)
+
+    @property
+    def label(self) -> str:
+        return run_label(self.name, self.tp)
+
+
+def run_label(name: str, tp: int) -> str:
+    return name if tp == 1 else f"{name}@tp{tp}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,7 +246,7 @@ def worker(spec: dict) -> dict:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from ternary.smoke import cpu_env_defaults
 
-    cpu_env_defaults()
+    cpu_env_defaults(spec.get("tp", 1))
     from ternary.vllm.register import register
 
     register()
@@ -225,7 +259,9 @@ def worker(spec: dict) -> dict:
               "load_format": spec["load_format"], "skip_tokenizer_init": True,
               "max_model_len": plen + olen + 8, "max_num_seqs": max(batches),
               "enable_prefix_caching": False, "disable_log_stats": False,
-              "enforce_eager": spec["eager"]}
+              "enforce_eager": spec["eager"], "tensor_parallel_size": spec.get("tp", 1)}
+    if spec.get("disable_custom_all_reduce"):
+        kwargs["disable_custom_all_reduce"] = True
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
     t = time.monotonic()
@@ -237,12 +273,16 @@ def worker(spec: dict) -> dict:
         from ternary.vllm.register import vllm_version
 
         result["vllm"] = vllm_version()
+        if spec.get("tp", 1) > 1 and os.environ.get("TERNARY_BENCH_FACTS") != "1":
+            raise RuntimeError("not asked at tensor parallel > 1 (the H200 pair hung in "
+                               "apply_model); set TERNARY_BENCH_FACTS=1 to ask")
         # by its module's name: run as `python -m`, this module is __main__, which the
         # engine's processes cannot unpickle
         import importlib
 
         facts = llm.apply_model(importlib.import_module("ternary.bench_serve").model_facts)
-        result["facts"] = {"bytes": sum(f["bytes"] for f in facts),
+        # one entry per rank: the largest shard is what one GPU must hold
+        result["facts"] = {"bytes": max(f["bytes"] for f in facts), "ranks": len(facts),
                            "kernels": facts[0]["kernels"]}
     except Exception as e:  # noqa: BLE001 (the timings stand without it; say why it is missing)
         result["facts_error"] = f"{type(e).__name__}: {e}"
@@ -306,11 +346,12 @@ def _tail(text: str, n: int = 25) -> str:
 def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: Path,
               spec: dict, timeout: float, eager: bool, command: list[str] | None = None
               ) -> ModelRun:
-    """One model in its own process (`command` + the spec file; tests pass stand-ins);
-    never raises for the model's own failures."""
+    """One model at spec["tp"] in its own process (`command` + the spec file; tests pass
+    stand-ins); never raises for the model's own failures."""
     kind = MODELS[name][0]
-    run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager)
-    tag = f"{name}{'-eager' if eager else ''}"
+    tp = spec.get("tp", 1)
+    run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager, tp=tp)
+    tag = f"{run_label(name, tp)}{'-eager' if eager else ''}"
     log_path, spec_path, out_path = (logs / f"{tag}.log", logs / f"{tag}.spec.json",
                                      logs / f"{tag}.result.json")
     out_path.unlink(missing_ok=True)
@@ -358,61 +399,74 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           prompt_len: int = 128, output_len: int = 128, repeats: int = 3, dtype: str = "bfloat16",
           budget_s: float = 3600, timeout_s: float = 600, eager: bool = False,
           eager_fallback: bool = True, gpu_memory_utilization: float = 0.85, seed: int = 0,
-          say=print, command: list[str] | None = None) -> dict:
-    """Runs every model within `budget_s` seconds in all; returns the report."""
+          say=print, command: list[str] | None = None, tps: list[int] | None = None,
+          disable_custom_all_reduce: bool = False) -> dict:
+    """Runs every model at every tensor-parallel size of `tps` (default [1]) within
+    `budget_s` seconds in all; returns the report."""
+    tps = tps or [1]
     deadline = time.monotonic() + budget_s
     logs.mkdir(parents=True, exist_ok=True)
     models = prepare_models(work, shape_name, names, seed, say)
     spec = {"batches": batches, "prompt_len": prompt_len, "output_len": output_len,
             "repeats": repeats, "dtype": dtype, "seed": seed,
-            "gpu_memory_utilization": gpu_memory_utilization}
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "disable_custom_all_reduce": disable_custom_all_reduce}
     runs: list[ModelRun] = []
-    for name in names:
+    for tp, name in ((tp, name) for tp in tps for name in names):
+        spec["tp"] = tp
+        label = run_label(name, tp)
         model_dir, load_format, layers = models[name]
         left = deadline - time.monotonic()
         if left < MIN_MODEL_S:
-            r = ModelRun(name, MODELS[name][0], layers, str(model_dir), load_format)
+            r = ModelRun(name, MODELS[name][0], layers, str(model_dir), load_format, tp=tp)
             r.error = (f"not run: {left:.0f} s of the {budget_s:.0f} s budget left, under the "
                        f"{MIN_MODEL_S} s an engine needs to start (raise --budget)")
             runs.append(r)
-            say(f"{name}: skipped, {left:.0f} s left")
+            say(f"{label}: skipped, {left:.0f} s left")
             continue
-        say(f"{name}: starting vLLM on {model_dir} (load_format {load_format}, at most "
-            f"{min(timeout_s, left):.0f} s)")
+        say(f"{label}: starting vLLM on {model_dir} (load_format {load_format}, tensor "
+            f"parallel {tp}, at most {min(timeout_s, left):.0f} s)")
         r = run_model(name, model_dir, load_format, layers, logs, spec, min(timeout_s, left),
                       eager, command)
         left = deadline - time.monotonic()
         if not r.ok and not eager and eager_fallback and "stopped after" not in r.error \
                 and left >= MIN_MODEL_S:
-            say(f"{name}: failed with CUDA graphs/compilation; retrying with enforce_eager")
+            say(f"{label}: failed with CUDA graphs/compilation; retrying with enforce_eager")
             first = r.error.splitlines()[0]
             r = run_model(name, model_dir, load_format, layers, logs, spec,
                           min(timeout_s, left), True, command)
             r.notes.append(f"enforce_eager: the compiled run failed ({first})")
-        say(f"{name}: {'done' if r.ok else 'FAILED'} in {r.seconds:.0f} s")
+        say(f"{label}: {'done' if r.ok else 'FAILED'} in {r.seconds:.0f} s")
         runs.append(r)
     env = next((r.env for r in runs if r.ok), {})
     return {"shape": shape_name, "prompt_len": prompt_len, "output_len": output_len,
-            "repeats": repeats, "dtype": dtype, "batches": batches, **env,
+            "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
+            "disable_custom_all_reduce": disable_custom_all_reduce, **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
 
 
 def comparisons(runs: list[ModelRun], batches: list[int]) -> list[dict]:
-    """Ternary against bf16 of the same depth: tokens/s ratio per batch, weights ratio,
-    each with its target."""
-    by = {r.name: r for r in runs if r.ok}
+    """Ternary against bf16 of the same depth and tensor-parallel size, and every model at
+    tensor parallel N against itself at 1: tokens/s ratio per batch, weights (per GPU)
+    ratio. Rows name runs by label ("ternary@tp2")."""
+    by = {r.label: r for r in runs if r.ok}
+    pairs = [(run_label(t, tp), run_label(d, tp)) for tp in sorted({r.tp for r in runs})
+             for t, d in (("ternary", "bf16"), ("ternary-1layer", "bf16-1layer"))]
+    pairs += [(r.label, r.name) for r in runs if r.ok and r.tp > 1]
     out = []
-    for t, d in (("ternary", "bf16"), ("ternary-1layer", "bf16-1layer")):
-        if t not in by or d not in by:
+    for a, base in pairs:
+        if a not in by or base not in by:
             continue
-        row = {"ternary": t, "bf16": d, "tok_s_ratio": {}, "weights_ratio": None}
+        against = "bf16" if by[base].kind != by[a].kind else "tp1"
+        row = {"run": a, "base": base, "against": against, "tok_s_ratio": {},
+               "weights_ratio": None}
         for b in batches:
-            pt, pd = by[t].point(b), by[d].point(b)
+            pt, pd = by[a].point(b), by[base].point(b)
             if pt and pd and pd.tok_s:
                 row["tok_s_ratio"][b] = pt.tok_s / pd.tok_s
-        if by[t].weights_gib and by[d].weights_gib:
-            row["weights_ratio"] = by[t].weights_gib / by[d].weights_gib
+        if by[a].weights_gib and by[base].weights_gib:
+            row["weights_ratio"] = by[a].weights_gib / by[base].weights_gib
         out.append(row)
     return out
 
@@ -422,11 +476,11 @@ def table(report: dict):
 
     runs = [ModelRun(**{**m, "points": [Point(**p) for p in m["points"]]})
             for m in report["models"]]
-    bf16 = {r.name: r for r in runs if r.ok and r.kind == "bf16"}
+    bf16 = {r.label: r for r in runs if r.ok and r.kind == "bf16"}
     t = Table(title=f"bench-serve: {report['shape']}, {report['prompt_len']}-token prompts, "
                     f"{report['output_len']} generated, {report.get('device', '?')}, "
                     f"vLLM {report.get('vllm', '?')}")
-    for c, j in (("model", "left"), ("weights GiB", "right"), ("batch", "right"),
+    for c, j in (("model", "left"), ("weights GiB/GPU", "right"), ("batch", "right"),
                  ("tok/s", "right"), ("x bf16", "right"), ("TTFT ms", "right"),
                  ("ms/step", "right"), ("kernel", "left")):
         t.add_column(c, justify=j)
@@ -437,9 +491,9 @@ def table(report: dict):
             kernel += " (eager)"
         gib = "-" if r.weights_gib is None else f"{r.weights_gib:.3g}"
         if not r.ok:
-            t.add_row(r.name, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
+            t.add_row(r.label, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
             continue
-        base = bf16.get(r.name.replace("ternary", "bf16")) if r.kind == "ternary" else None
+        base = bf16.get(r.label.replace("ternary", "bf16")) if r.kind == "ternary" else None
         for i, p in enumerate(r.points):
             ratio = ""
             if base and base.point(p.batch):
@@ -447,7 +501,7 @@ def table(report: dict):
                 goal = TOKS_TARGETS.get(p.batch)
                 ratio = f"{x:.2f}" if goal is None else \
                     f"[{'green' if x >= goal else 'red'}]{x:.2f}[/] (>={goal:g})"
-            t.add_row(r.name if i == 0 else "", gib if i == 0 else "", str(p.batch),
+            t.add_row(r.label if i == 0 else "", gib if i == 0 else "", str(p.batch),
                       f"{p.tok_s:,.0f}", ratio, f"{p.ttft_ms:,.1f}", f"{p.step_ms:.2f}",
                       kernel if i == 0 else "")
         t.add_section()
@@ -459,9 +513,13 @@ def summary_lines(report: dict) -> list[str]:
     lines = []
     for c in report["comparisons"]:
         w = c["weights_ratio"]
-        if w is not None and c["ternary"] == "ternary":
-            lines.append(f"weights: ternary/bf16 = {w:.3f} (target <= {WEIGHTS_TARGET:.3f}: "
-                         f"{'met' if w <= WEIGHTS_TARGET else 'NOT met'})")
+        if w is not None and c["against"] == "bf16" and not c["run"].startswith("ternary-1layer"):
+            lines.append(f"weights per GPU: {c['run']}/{c['base']} = {w:.3f} (target <= "
+                         f"{WEIGHTS_TARGET:.3f}: {'met' if w <= WEIGHTS_TARGET else 'NOT met'})")
+        elif c["against"] == "tp1":
+            lines.append(f"{c['run']} against {c['base']} (tensor parallel 1): tok/s "
+                         + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
+                         + (f"; weights per GPU {w:.3f}x" if w is not None else ""))
     # A one-layer model's step is almost all engine: scheduling, sampling, lm_head and the
     # launch of each layer. The fastest one bounds what any kernel can reach per step.
     one = [(p["step_ms"], m["name"], p["batch"]) for m in report["models"]

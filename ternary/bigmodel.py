@@ -104,9 +104,20 @@ def _same(out: Path, manifest: dict) -> bool:
         return False
 
 
+def ensure_tokenizer(out: Path, dims: dict[str, int]) -> None:
+    """A tokenizer of the model's vocab_size (make-tiny's BPE, filled with added tokens),
+    so a server can take text and chat requests and decode every id the model emits;
+    bench-serve itself sends token ids."""
+    from ternary import tiny
+
+    if not (out / "tokenizer.json").is_file():
+        tiny.train_tokenizer(out, dims["vocab_size"], dims["max_position_embeddings"])
+
+
 def write_dense_config(out: Path, dims: dict[str, int]) -> Path:
     """A config-only bf16 model directory for vLLM's load_format="dummy"."""
     out.mkdir(parents=True, exist_ok=True)
+    ensure_tokenizer(out, dims)
     (out / "config.json").write_text(json.dumps(config(dims, quantized=False), indent=2) + "\n")
     (out / MANIFEST).write_text(json.dumps({"kind": "dense-dummy", "dims": dims}, indent=2))
     return out
@@ -129,6 +140,7 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
 
     manifest = {"kind": "ternary", "dims": dims, "seed": seed, "scale": "channel"}
     if _same(out, manifest):
+        ensure_tokenizer(out, dims)
         return out, False
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a crash midway must not look complete
@@ -169,6 +181,7 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
     (out / "config.json").write_text(json.dumps(config(dims, quantized=True), indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
+    ensure_tokenizer(out, dims)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return out, True
 

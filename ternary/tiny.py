@@ -53,32 +53,48 @@ PROJECTIONS = {  # module -> (rows N, inputs K) as multiples of SHAPE entries
 }
 
 
-def _dims() -> dict[str, int]:
-    s = SHAPE
+def _dims(s: dict[str, int] = SHAPE) -> dict[str, int]:
     return {"hidden": s["hidden_size"], "inter": s["intermediate_size"],
             "q": s["num_attention_heads"] * s["head_dim"],
             "kv": s["num_key_value_heads"] * s["head_dim"]}
 
 
-def train_tokenizer(out: Path) -> int:
+def train_tokenizer(out: Path, vocab_size: int = VOCAB_SIZE,
+                    max_length: int | None = None) -> int:
     """Trains the byte-level BPE tokenizer and writes tokenizer.json and
-    tokenizer_config.json; returns the vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tokenizer_config.json; returns the vocabulary size. A `vocab_size` larger than the
+    text gives merges for (a served model of a real shape) is filled with added tokens
+    "<|tN|>", so every id the model can emit decodes."""
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=min(vocab_size, VOCAB_SIZE),
+                                  special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     tok.train_from_iterator(TEXT.splitlines(), trainer=trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+    have = tok.get_vocab_size()
+    if vocab_size > have:
+        tok.add_tokens([AddedToken(f"<|t{i}|>", normalized=False)
+                        for i in range(have, vocab_size)])
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "model_max_length": SHAPE["max_position_embeddings"],
+        "unk_token": "<unk>",
+        "model_max_length": max_length or SHAPE["max_position_embeddings"],
         "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
     }, indent=2) + "\n")
     return tok.get_vocab_size()
@@ -95,8 +111,10 @@ INDEX_NAME = "model.safetensors.index.json"
 
 
 def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: int = 32,
-         seed: int = 0) -> Path:
-    """Writes the tiny model to `out` and returns it."""
+         seed: int = 0, intermediate_size: int | None = None) -> Path:
+    """Writes the tiny model to `out` and returns it. `intermediate_size` replaces the MLP
+    width (a multiple of 4), e.g. to write a model whose down_proj K does not split into
+    packed bytes across tensor-parallel ranks."""
     from safetensors.torch import save_file
 
 
@@ -107,7 +125,13 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     if fmt == "bitnet" and scale != "channel":
         raise ValueError(f"the bitnet format has one scale per tensor; scale={scale!r} "
                          f"applies to the ternary format only")
-    ks = (SHAPE["hidden_size"], SHAPE["intermediate_size"])
+    shape = dict(SHAPE)
+    if intermediate_size is not None:
+        if intermediate_size <= 0 or intermediate_size % 4:
+            raise ValueError(f"intermediate_size={intermediate_size} must be a positive "
+                             f"multiple of 4 (the canonical packing holds 4 codes a byte)")
+        shape["intermediate_size"] = intermediate_size
+    ks = (shape["hidden_size"], shape["intermediate_size"])
     if scale == "group" and (group_size <= 0 or any(k % group_size for k in ks)):
         raise ValueError(f"group_size={group_size} must be positive and divide the tiny "
                          f"model's K values {ks}")
@@ -120,7 +144,7 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
                          f"{', ...' if len(others) > 3 else ''}); choose an empty directory")
     out.mkdir(parents=True, exist_ok=True)
     vocab = train_tokenizer(out)
-    d = _dims()
+    d = _dims(shape)
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape, std):
@@ -132,7 +156,7 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
         # Sharp logits keep greedy decoding far from ties, so implementations agree.
         "lm_head.weight": randn(vocab, d["hidden"], std=0.2),
     }
-    for i in range(SHAPE["num_hidden_layers"]):
+    for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}"
         tensors[f"{p}.input_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
         tensors[f"{p}.post_attention_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
@@ -159,7 +183,7 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
         qcfg = canonical.quantization_config(scale, group_size, ["lm_head"])
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": vocab, **SHAPE, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+        "vocab_size": vocab, **shape, "hidden_act": "silu", "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
         "mlp_bias": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
         "quantization_config": qcfg,

@@ -156,10 +156,10 @@ def cpu_slices(ranks: int) -> str:
 def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1, max_len: int = 256):
     if tp == 1:  # the engine in this process, so the layer hooks can reach the model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    elif os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
-        # vLLM's CPU backend binds one NUMA node per rank unless told otherwise; on a
-        # one-node machine, give each rank its own slice of the CPUs we may use.
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_slices(tp))
+    else:
+        from ternary.smoke import cpu_env_defaults
+
+        cpu_env_defaults(tp)
     from vllm import LLM
 
     kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,

@@ -254,9 +254,83 @@ def test_comparisons_table_and_summary():
     text = con.export_text()
     assert "3.00 (>=3)" in text and "1.79 (>=2)" in text
     lines = b.summary_lines(report)
-    assert any("weights: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln for ln in lines)
+    assert any("weights per GPU: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln
+               for ln in lines)
     assert any("engine fixed cost per step: 2.00 ms (bf16-1layer, batch 1)" in ln
                and "~500 tok/s at batch 1" in ln for ln in lines)
+
+
+def test_parse_tps():
+    assert b.parse_tps("1,2") == [1, 2] and b.parse_tps("2, 2,1") == [2, 1]
+    for bad in ("", "0", "1,x", "-2"):
+        with pytest.raises(b.BenchError, match="--tp .*positive integers"):
+            b.parse_tps(bad)
+
+
+def test_tp_runs_compare_with_bf16_at_the_same_size_and_with_tp1():
+    from rich.console import Console
+
+    runs = [_run("ternary", "ternary", 32, 2.0, {1: 400.0, 16: 4000.0}),
+            _run("bf16", "bf16", 32, 12.6, {1: 200.0, 16: 2800.0}),
+            _run("ternary", "ternary", 32, 1.1, {1: 500.0, 16: 6000.0}),
+            _run("bf16", "bf16", 32, 6.4, {1: 330.0, 16: 4400.0})]
+    runs[2].tp = runs[3].tp = 2
+    got = {(c["run"], c["base"]): c for c in b.comparisons(runs, [1, 16])}
+    assert set(got) == {("ternary", "bf16"), ("ternary@tp2", "bf16@tp2"),
+                        ("ternary@tp2", "ternary"), ("bf16@tp2", "bf16")}
+    assert got["ternary@tp2", "bf16@tp2"]["against"] == "bf16"
+    assert got["ternary@tp2", "bf16@tp2"]["tok_s_ratio"] == {1: 500 / 330, 16: 6000 / 4400}
+    assert got["ternary@tp2", "ternary"]["against"] == "tp1"
+    assert got["ternary@tp2", "ternary"]["tok_s_ratio"] == {1: 1.25, 16: 1.5}
+    assert got["ternary@tp2", "ternary"]["weights_ratio"] == pytest.approx(0.55)
+    import dataclasses
+
+    report = {"shape": "llama2-7b", "prompt_len": 128, "output_len": 128,
+              "models": [dataclasses.asdict(r) for r in runs],
+              "comparisons": list(got.values())}
+    con = Console(width=200, record=True)
+    con.print(b.table(report))
+    text = con.export_text()
+    # ternary@tp2's x bf16 column is against bf16@tp2 (500 / 330), not bf16 at TP 1
+    assert "ternary@tp2" in text and "1.52 (>=3)" in text and "2.50 (>=3)" not in text
+    lines = b.summary_lines(report)
+    assert any("weights per GPU: ternary@tp2/bf16@tp2 = 0.172 (target <= 0.167: NOT met)" in ln
+               for ln in lines)
+    assert any("ternary@tp2 against ternary (tensor parallel 1): tok/s b1 1.25x, b16 1.50x; "
+               "weights per GPU 0.550x" in ln for ln in lines)
+
+
+def test_run_model_passes_tp_and_names_its_files_by_label(tmp_path):
+    code = ("assert spec['tp'] == 2, spec\n"
+            "json.dump({'points': [dict(batch=1, tok_s=1.0, ttft_ms=1.0, ttft_source='x',"
+            " step_ms=1.0, walls_s=[1.0], ttft_wall_ms=1.0)]}, open(spec['result'], 'w'))\n")
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 60, False,
+                    _worker(tmp_path, code))
+    assert r.ok, r.error
+    assert r.tp == 2 and r.label == "ternary@tp2"
+    assert (tmp_path / "ternary@tp2.log").exists()
+
+
+def test_bench_runs_every_model_at_every_tp(tmp_path):
+    code = ("assert spec['disable_custom_all_reduce'] is True, spec\n"
+            "json.dump({'points': [dict(batch=1, tok_s=float(spec['tp']), ttft_ms=1.0,"
+            " ttft_source='x', step_ms=1.0, walls_s=[1.0], ttft_wall_ms=1.0)]},"
+            " open(spec['result'], 'w'))\n")
+    report = b.bench(["ternary-1layer", "bf16-1layer"], [1], tmp_path / "w", tmp_path / "l",
+                     "tiny", budget_s=600, say=lambda *_: None, command=_worker(tmp_path, code),
+                     tps=[1, 2], disable_custom_all_reduce=True)
+    assert [(m["name"], m["tp"]) for m in report["models"]] == [
+        ("ternary-1layer", 1), ("bf16-1layer", 1), ("ternary-1layer", 2), ("bf16-1layer", 2)]
+    assert [m["points"][0]["tok_s"] for m in report["models"]] == [1.0, 1.0, 2.0, 2.0]
+    assert report["tps"] == [1, 2] and report["disable_custom_all_reduce"] is True
+
+
+def test_cli_refuses_more_ranks_than_gpus(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("vllm", reason="the check runs after the vLLM import check")
+    monkeypatch.setattr(b, "gpus_available", lambda: 1)
+    assert cli(["bench-serve", "--shape", "tiny", "--tp", "1,2", "--work", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--tp 1,2: tensor parallel 2 needs 2 GPUs, and torch sees 1 here" in err
 
 
 def test_h200_summary_reads_bench_json(tmp_path):
@@ -300,3 +374,53 @@ def test_bench_serve_on_vllm(tmp_path):
     assert sum(by["ternary"]["kernels"].values()) == 2 * 4  # qkv, o, gate_up, down per layer
     assert report["comparisons"][0]["tok_s_ratio"].keys() == {"1", "4"} or \
         report["comparisons"][0]["tok_s_ratio"].keys() == {1, 4}
+
+
+def test_served_models_get_a_tokenizer_of_their_vocab(tmp_path):
+    from transformers import AutoTokenizer
+
+    dims = bigmodel.shape("tiny")
+    for d in (bigmodel.write_dense_config(tmp_path / "bf16", dims),
+              bigmodel.write_ternary(tmp_path / "t", dims, progress=False)[0]):
+        tok = AutoTokenizer.from_pretrained(d)
+        assert len(tok) == dims["vocab_size"]
+        assert tok.decode([dims["vocab_size"] - 1]) == f"<|t{dims['vocab_size'] - 1}|>"
+        assert tok.model_max_length == dims["max_position_embeddings"]
+    # a directory written before tokenizers were part of it gets one when reused
+    (tmp_path / "t" / "tokenizer.json").unlink()
+    _, written = bigmodel.write_ternary(tmp_path / "t", dims, progress=False)
+    assert not written and (tmp_path / "t" / "tokenizer.json").is_file()
+
+
+def test_h200_summary_reads_the_tp_results(tmp_path):
+    import dataclasses
+    import subprocess
+
+    from ternary import tp_compare
+
+    runs = [_run("ternary", "ternary", 32, 2.0, {1: 400.0}), _run("ternary", "ternary", 32, 1.1,
+                                                                  {1: 500.0})]
+    runs[1].tp = 2
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "tp-bench.json").write_text(json.dumps({
+        "shape": "llama2-7b", "prompt_len": 128, "output_len": 128,
+        "models": [dataclasses.asdict(r) for r in runs],
+        "comparisons": b.comparisons(runs, [1])}))
+    rep = tp_compare.TPReport("m", "float32", 1, 2, "logits", [
+        tp_compare.PromptPair("The fox", [1, 2], [1, 2], [1e-13, 3e-13], 2e-6),
+        tp_compare.PromptPair("Hello", [1, 2], [1, 5], [2e-13, 0.4], 0.9)], 1e-6)
+    (tmp_path / "results" / "tp-validate-float32.json").write_text(json.dumps(
+        dict(dataclasses.asdict(rep), ok=rep.ok,
+             results=[dict(dataclasses.asdict(r), first_difference=r.first_difference)
+                      for r in rep.results])))
+    (tmp_path / "results" / "tp-smoke-big.json").write_text(json.dumps({
+        "target": "h200", "ok": True, "tp": 2, "model": "/w/llama2-7b-ternary", "seconds": 200,
+        "runs": [{"format": "ternary", "checks": [{"name": "healthy", "ok": True,
+                                                   "seconds": 150.0, "detail": ""}]}]}))
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(repo / "tools/h200/summary.py"), str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "tp-validate float32: TP=2 against TP=1, over the limit" in out
+    assert "differ at 1" in out and "1.0e-13 3.0e-13" in out
+    assert "ternary@tp2 / ternary: tok/s b1 1.25x; weights 0.550x" in out
+    assert "smoke-h200 tensor parallel 2 on /w/llama2-7b-ternary: PASSED" in out

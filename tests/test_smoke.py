@@ -121,3 +121,60 @@ def test_server_command_passes_dtype_and_safe_path(tmp_path, monkeypatch):
 def test_negative_tolerance_is_refused():
     with pytest.raises(SystemExit):
         smoke.main(["--dtype", "bfloat16", "--logit-tol", "-1"])
+
+
+def test_server_command_passes_tensor_parallel_only_above_one(tmp_path):
+    cmd = smoke.server_command(tmp_path, "ternary", 1234, "bfloat16", tp=2)
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert "--tensor-parallel-size" not in smoke.server_command(tmp_path, "vllm", 1234)
+
+
+def _answers_only(tmp_path):
+    from ternary import bigmodel
+
+    dims = bigmodel.shape("tiny")
+    d = bigmodel.write_dense_config(tmp_path / "m", dims)
+    return smoke.AnswersOnly(d)
+
+
+def test_answers_only_checks_count_vocabulary_and_decoding(tmp_path):
+    ref = _answers_only(tmp_path)
+    assert ref.vocab == 512 and len(ref.tok) == 512  # the tokenizer covers every id
+    ids = [5, 300, 511] + [7] * (smoke.MAX_TOKENS - 3)
+    text = ref.tok.decode(ids, skip_special_tokens=True)
+    ok, detail = smoke._compare(ids, text, [1], ref)
+    assert ok and "no reference" in detail
+    ok, detail = smoke._compare(ids[:-1], text, [1], ref)
+    assert not ok and f"{smoke.MAX_TOKENS - 1} tokens, asked for {smoke.MAX_TOKENS}" in detail
+    ok, detail = smoke._compare(ids[:-1] + [512], text, [1], ref)
+    assert not ok and "token ids [512] outside the vocabulary of 512" in detail
+    ok, detail = smoke._compare(ids, text + "x", [1], ref)
+    assert not ok and "is not the decoding of its tokens" in detail
+    # a last token that ends inside a UTF-8 character: vLLM holds its bytes back
+    partial = ref.tok.decode(ids, skip_special_tokens=True) + "\ufffd"
+    ref.tok = type("T", (), {"decode": lambda self, *_a, **_k: partial})()
+    ok, _ = smoke._compare(ids, text, [1], ref)
+    assert ok
+    ok, detail = smoke._compare(ids, text[:-1], [1], ref)
+    assert not ok and "is not the decoding" in detail
+    ok, detail = smoke._compare(None, text, [1], ref)
+    assert not ok and "no token_ids" in detail
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--tp", "0"], "--tp must be >= 1"),
+    (["--model", "/nonexistent"], "no config.json there"),
+])
+def test_smoke_refuses_bad_tp_and_model(args, match, capsys):
+    with pytest.raises(SystemExit):
+        smoke.main(args)
+    assert match in capsys.readouterr().err
+
+
+def test_smoke_refuses_more_ranks_than_gpus(monkeypatch, capsys):
+    from ternary import bench_serve
+
+    monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
+    with pytest.raises(SystemExit):
+        smoke.main(["--tp", "2"])
+    assert "--tp 2 needs 2 GPUs and torch sees 1 here" in capsys.readouterr().err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +22,9 @@ def add_arguments(p) -> None:
                    help=f"comma-separated, from {list(b.MODELS)}")
     p.add_argument("--batches", default=",".join(map(str, b.DEFAULT_BATCHES)),
                    help="comma-separated batch sizes (concurrent requests)")
+    p.add_argument("--tp", default="1", metavar="N[,N...]",
+                   help="tensor-parallel sizes (vLLM's tensor_parallel_size); every model runs at "
+                        "each, e.g. 1,2 compares two GPUs with one")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens per request")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per batch size (median)")
@@ -39,6 +43,9 @@ def add_arguments(p) -> None:
     p.add_argument("--no-eager-fallback", action="store_true",
                    help="do not retry a failed model with enforce_eager")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="vLLM's disable_custom_all_reduce: tensor parallel sums through NCCL "
+                        "instead of vLLM's own all-reduce kernel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prepare-only", action="store_true",
                    help="write the models and stop (to write them in an earlier device call)")
@@ -54,12 +61,19 @@ def run(args) -> int:
     try:
         names = b.parse_models(args.models)
         batches = b.parse_batches(args.batches)
+        tps = b.parse_tps(args.tp)
         for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len),
                         ("--repeats", args.repeats)):
             if v < 1:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
+        return 2
+    gpus = b.gpus_available()
+    if not args.prepare_only and gpus is not None and max(tps) > gpus:
+        err.print(f"[red]error:[/] --tp {args.tp}: tensor parallel {max(tps)} needs "
+                  f"{max(tps)} GPUs, and torch sees {gpus} here (CUDA_VISIBLE_DEVICES="
+                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
         return 2
     if not args.prepare_only and importlib.util.find_spec("vllm") is None:
         err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "
@@ -85,7 +99,8 @@ def run(args) -> int:
         report = b.bench(names, batches, work, args.logs or work / "logs", args.shape,
                          args.prompt_len, args.output_len, args.repeats, args.dtype, args.budget,
                          args.timeout, args.enforce_eager, not args.no_eager_fallback,
-                         args.gpu_memory_utilization, args.seed, err.log)
+                         args.gpu_memory_utilization, args.seed, err.log, tps=tps,
+                         disable_custom_all_reduce=args.disable_custom_all_reduce)
     except OSError as e:  # the models or logs could not be written
         err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
                   f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")

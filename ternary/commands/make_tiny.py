@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
                    help="scale granularity of the ternary format (bitnet: one per tensor)")
     p.add_argument("--group-size", type=int, default=32, help="with --scale group")
     p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--intermediate-size", type=int, default=None, metavar="N",
+                   help=f"MLP width instead of {tiny.SHAPE['intermediate_size']} (a multiple "
+                        f"of 4; e.g. 260 gives a down_proj K that tensor parallel 2 cannot "
+                        f"split into whole bytes)")
 
 
 def run(args) -> int:
@@ -48,7 +52,8 @@ def run(args) -> int:
     console = Console()
     try:
         with console.status(f"writing {args.out}"):
-            tiny.make(args.out, args.format, args.scale, args.group_size, args.seed)
+            tiny.make(args.out, args.format, args.scale, args.group_size, args.seed,
+                      args.intermediate_size)
     except ValueError as e:
         print(f"ternary make-tiny: {e}", file=sys.stderr)
         return 2

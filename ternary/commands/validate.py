@@ -1,5 +1,6 @@
 """`ternary validate MODEL_DIR`: vLLM against a transformers reference on the dequantized
-weights (greedy tokens, per-position logits, KL; first divergent layer on failure)."""
+weights (greedy tokens, per-position logits, KL; first divergent layer on failure).
+With `--against-tp M`: vLLM at tensor parallel --tp against vLLM at M (ternary.tp_compare)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import os
 import sys
 from pathlib import Path
+
+from rich.console import Console
 
 
 def add_arguments(p) -> None:
@@ -18,6 +21,11 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=positive_int, default=16, help="greedy tokens per prompt")
     p.add_argument("--tp", type=positive_int, default=1, metavar="N",
                    help="vLLM tensor_parallel_size (the weights are sharded by vLLM's loaders)")
+    p.add_argument("--against-tp", type=positive_int, default=None, metavar="M",
+                   help="compare vLLM at --tp N with vLLM at tensor parallel M instead of the "
+                        "transformers reference: greedy tokens and KL(M || N) per position")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds for each engine of --against-tp at most")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO log")
 
@@ -62,7 +70,6 @@ def _fail(args, why: str, out=None) -> int:
 
 
 def run(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from ternary.smoke import cpu_env_defaults
@@ -74,6 +81,16 @@ def run(args) -> int:
     why = _refusal(args.model_dir)
     if why:
         return _fail(args, why)
+    if args.against_tp is not None:
+        if args.against_tp == args.tp:
+            return _fail(args, f"--tp {args.tp} and --against-tp {args.against_tp} are the same "
+                               f"size: compare two different tensor-parallel sizes")
+        gpus = _gpus()
+        if gpus is not None and max(args.tp, args.against_tp) > gpus:
+            return _fail(args, f"tensor parallel {max(args.tp, args.against_tp)} needs that many "
+                               f"GPUs and torch sees {gpus} here (CUDA_VISIBLE_DEVICES="
+                               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        return _run_tp_compare(args, console)
     from ternary.validate import validate
 
     out = _report_stream()
@@ -109,5 +126,56 @@ def run(args) -> int:
     show.print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
                f"({'identical greedy tokens and ' if report.tokens_required else ''}"
                f"KL < {report.kl_limit:g} required in {report.dtype})")
+    out.flush()
+    return 0 if report.ok else 1
+
+
+def _gpus() -> int | None:
+    from ternary.bench_serve import gpus_available
+
+    return gpus_available()
+
+
+def _run_tp_compare(args, console) -> int:
+    from rich.table import Table
+
+    from ternary import tp_compare
+
+    out = _report_stream()
+    try:
+        with console.status("comparing tensor-parallel sizes") as status:
+            report = tp_compare.compare(args.model_dir, args.dtype, args.tp, args.against_tp,
+                                        args.max_tokens, timeout=args.timeout,
+                                        progress=lambda m: (status.update(m), console.log(m)))
+    except Exception as e:  # one line, not a traceback (--verbose keeps it)
+        if args.verbose:
+            raise
+        return _fail(args, f"{args.model_dir}: {type(e).__name__}: {e}", out)
+    a, b = report.tp_a, report.tp_b
+    if args.json:
+        d = dataclasses.asdict(report)
+        d["ok"] = report.ok
+        for r, row in zip(report.results, d["results"]):
+            row.update(tokens_equal=r.tokens_equal, first_difference=r.first_difference,
+                       kl_max=r.kl_max)
+        print(json.dumps(d, indent=2), file=out, flush=True)
+        return 0 if report.ok else 1
+    t = Table(title=f"{report.model_dir} ({report.dtype}): vLLM at tensor parallel {b} against "
+                    f"{a}, {report.kind}")
+    for c in ("prompt", "greedy tokens", "positions", f"KL(tp{a}||tp{b}) max", "max |diff|",
+              "KL per position"):
+        t.add_column(c)
+    for r in report.results:
+        same = "identical" if r.tokens_equal else \
+            f"[red]differ[/] from position {r.first_difference}"
+        t.add_row(repr(r.prompt), same, str(len(r.kl_per_position)), f"{r.kl_max:.3g}"
+                  + ("" if r.kl_max < report.kl_limit else " [red]>limit"),
+                  f"{r.max_abs_logit_diff:.3g}",
+                  " ".join(f"{x:.1e}" for x in r.kl_per_position))
+    show = Console(file=out, width=200)
+    show.print(t)
+    show.print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
+               f"({'identical greedy tokens and ' if report.tokens_required else ''}"
+               f"KL < {report.kl_limit:g} at every position required in {report.dtype})")
     out.flush()
     return 0 if report.ok else 1

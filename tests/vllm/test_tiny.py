@@ -166,3 +166,101 @@ def test_validate_verdict_per_dtype():
     for dtype in ("bfloat16", "float16"):
         assert report(dtype, same, flipped).ok
         assert not report(dtype, same, wrong).ok
+
+
+def test_make_tiny_intermediate_size(tmp_path, capsys):
+    from ternary import formats
+
+    d = tiny.make(tmp_path / "m", intermediate_size=260)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["intermediate_size"] == 260
+    with formats.Checkpoint(d) as ckpt:
+        assert ckpt.dequantize("model.layers.0.mlp.down_proj").shape == (128, 260)
+        assert ckpt.dequantize("model.layers.1.mlp.up_proj").shape == (260, 128)
+    for bad in (0, 258, -4):
+        with pytest.raises(ValueError, match=f"intermediate_size={bad} must be a positive "
+                                             f"multiple of 4"):
+            tiny.make(tmp_path / f"bad{bad}", intermediate_size=bad)
+    from ternary.cli import main as cli
+
+    assert cli(["make-tiny", str(tmp_path / "c"), "--intermediate-size", "6"]) == 2
+    assert "intermediate_size=6 must be a positive multiple of 4" in capsys.readouterr().err
+
+
+def test_tp_compare_pairs_positions_up_to_the_first_difference():
+    from ternary import tp_compare
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(5, 11, generator=g)
+    other = rows.clone()
+    other[3:] += torch.randn(2, 11, generator=g)  # diverged after position 2
+    a = {"tokens": [1, 2, 3, 4, 5], "rows": rows}
+    same = tp_compare.pair("p", a, {"tokens": [1, 2, 3, 4, 5], "rows": rows.clone()}, "logits")
+    assert same.tokens_equal and same.first_difference is None
+    assert len(same.kl_per_position) == 5 and same.kl_max == 0.0
+    assert same.max_abs_logit_diff == 0.0
+    diff = tp_compare.pair("p", a, {"tokens": [1, 2, 3, 9, 9], "rows": other}, "logits")
+    assert not diff.tokens_equal and diff.first_difference == 3
+    # positions 0..3 share their prefixes; 3 is where the texts part, 4 is not comparable
+    assert len(diff.kl_per_position) == 4
+    assert diff.kl_per_position[:3] == [0.0, 0.0, 0.0] and diff.kl_per_position[3] > 0
+    # float64 reference of KL(a || b) at position 3
+    pa = torch.log_softmax(rows[3].double(), -1)
+    pb = torch.log_softmax(other[3].double(), -1)
+    assert diff.kl_per_position[3] == pytest.approx(float((pa.exp() * (pa - pb)).sum()))
+    assert diff.max_abs_logit_diff == pytest.approx(float((rows[3] - other[3]).abs().max()))
+    # log-probability rows (older vLLM) give the same KL
+    lp = tp_compare.pair("p", {"tokens": a["tokens"], "rows": torch.log_softmax(rows, -1)},
+                         {"tokens": [1, 2, 3, 9, 9], "rows": torch.log_softmax(other, -1)},
+                         "logprobs")
+    assert lp.kl_per_position[3] == pytest.approx(diff.kl_per_position[3])
+
+
+def test_tp_report_verdict_per_dtype():
+    from ternary import tp_compare
+    from ternary.validate import KL_LIMITS
+
+    equal = tp_compare.PromptPair("p", [1, 2], [1, 2], [1e-13, 2e-13], 1e-6)
+    flipped = tp_compare.PromptPair("p", [1, 2], [1, 3], [1e-4, 3e-3], 0.1)
+    wrong = tp_compare.PromptPair("p", [1, 2], [1, 2], [0.5, 0.7], 3.0)
+
+    def report(dtype, *r):
+        return tp_compare.TPReport("m", dtype, 1, 2, "logits", list(r), KL_LIMITS[dtype])
+
+    assert report("float32", equal).ok and not report("float32", equal, flipped).ok
+    assert report("bfloat16", equal, flipped).ok and not report("bfloat16", wrong).ok
+    assert not report("float32").ok  # nothing compared is not a pass
+
+
+def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
+    from ternary import bench_serve
+    from ternary.cli import main as cli
+
+    d = tiny.make(tmp_path / "m")
+    assert cli(["validate", str(d), "--tp", "2", "--against-tp", "2"]) == 2
+    assert "--tp 2 and --against-tp 2 are the same size" in capsys.readouterr().err
+    monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
+    assert cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--json"]) == 2
+    out = capsys.readouterr()
+    assert "tensor parallel 2 needs that many GPUs and torch sees 1 here" in out.err
+    assert json.loads(out.out)["ok"] is False
+
+
+@pytest.mark.slow
+def test_validate_against_tp_on_vllm(tmp_path):
+    """TP=2 against TP=1, both through vLLM's real engine: float32 tokens identical, KL per
+    position; stdout is JSON alone."""
+    import subprocess
+    import sys
+
+    _skip_unless_an_engine_runs_here()
+    model = tiny.make(tmp_path / "m")
+    r = subprocess.run([sys.executable, "-m", "ternary", "validate", str(model), "--tp", "2",
+                        "--against-tp", "1", "--max-tokens", "5", "--json"],
+                       capture_output=True, text=True, timeout=900, check=False)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["ok"], r.stderr[-3000:]
+    assert (report["tp_a"], report["tp_b"]) == (1, 2)
+    for p in report["results"]:
+        assert p["tokens_equal"] and len(p["kl_per_position"]) == 5
+        assert p["kl_max"] < 1e-6
