@@ -103,6 +103,45 @@ def test_gemm_fused_large_shapes():
                    f"gemm_fused m={m} n={n} k={k}")
 
 
+# Llama-2-7B's linear layers at tensor parallel 2, per rank (K, N): qkv, o_proj, gate_up,
+# down_proj. vLLM's offline engine at TP=2 stopped answering on the H200 pair twice with
+# these layers (bench/NOTES.md, twentieth session); the server with the same model did not.
+TP2_LLAMA7B = ((4096, 6144), (2048, 4096), (4096, 11008), (5504, 4096))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("k, n", TP2_LLAMA7B)
+def test_linear_fused_tensor_parallel_2_shapes(k, n):
+    """linear_fused (the op the plugin calls, max_m 128) on each rank's shapes, at the M the
+    bench drives (decode 1 / 16 / 64, prefill 128 / 129 / 2048) and a random M, directly and
+    replayed from a CUDA graph with new x, against float64; K = 5504 splits its 86 k tiles
+    unevenly (21 / 22) where the route splits K 4 ways."""
+    from ternary import _ext
+
+    rng = _rng(k + n)
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    bias = None
+    for m in (1, 16, 64, 128, 129, 2048, rng.randint(2, 300)):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        _poison((m, n), torch.bfloat16)
+        y = ops.linear_fused(x, repacked, packed, scale, 0, n, 128, bias)
+        torch.cuda.synchronize()
+        route = _ext.fused_route(m, n, k, 0, 0)
+        ref = x.double() @ _dense64(codes, scale, 0).t()
+        _check(y, ref, torch.bfloat16, f"linear_fused m={m} n={n} k={k} route {route}")
+        static = x.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.linear_fused(static, repacked, packed, scale, 0, n, 128, bias)
+        static.copy_(torch.randn_like(static))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, static.double() @ _dense64(codes, scale, 0).t(), torch.bfloat16,
+               f"linear_fused in a CUDA graph m={m} n={n} k={k} route {route}")
+
+
 def test_gemm_fused_strided_and_3d_input():
     n, k = 96, 200
     codes, scale = _weights(n, k, "channel", 0)
