@@ -324,6 +324,32 @@ def worker(spec: dict) -> dict:
 # The driver
 
 
+def _diagnose_hang(proc: subprocess.Popen, log) -> None:
+    """Before a timed-out model is stopped, with TERNARY_STACKS_ON_SIGUSR1=1: every process
+    of its group writes its Python stacks into the log (ternary.vllm_plugin registers the
+    handler in each vLLM process), and the GPUs' utilization is appended (a kernel spinning
+    reads 100 %)."""
+    from ternary.vllm_plugin import STACKS_ENV
+
+    if os.environ.get(STACKS_ENV) != "1":
+        return
+    log.write(b"\n== bench-serve: timed out; nvidia-smi, then SIGUSR1 for Python stacks\n")
+    log.flush()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                              "--format=csv,noheader"], capture_output=True, timeout=30,
+                             check=False)
+        log.write(smi.stdout + smi.stderr)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.write(f"nvidia-smi: {e}\n".encode())
+    log.flush()
+    try:
+        os.killpg(proc.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return
+    time.sleep(5)
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the worker's process group (it and the engine processes it started), then
     SIGKILL to what is left."""
@@ -367,6 +393,7 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            _diagnose_hang(proc, log)
             _stop(proc)
             rc = None
     run.seconds = time.monotonic() - t

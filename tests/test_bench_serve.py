@@ -424,3 +424,39 @@ def test_h200_summary_reads_the_tp_results(tmp_path):
     assert "differ at 1" in out and "1.0e-13 3.0e-13" in out
     assert "ternary@tp2 / ternary: tok/s b1 1.25x; weights 0.550x" in out
     assert "smoke-h200 tensor parallel 2 on /w/llama2-7b-ternary: PASSED" in out
+
+
+def test_timeout_with_stacks_env_logs_every_process_stack(tmp_path, monkeypatch):
+    """TERNARY_STACKS_ON_SIGUSR1=1: a model that runs out of time first writes its processes'
+    Python stacks into its log (the plugin registers the handler in vLLM's processes; the
+    stand-in registers it itself, in a child too), then is stopped."""
+    from ternary import vllm_plugin
+
+    monkeypatch.setenv(vllm_plugin.STACKS_ENV, "1")
+    repo = str(Path(__file__).resolve().parents[1])
+    child = tmp_path / "rank.py"
+    child.write_text(f"import sys, time\nsys.path.insert(0, {repo!r})\n"
+                     "from ternary.vllm_plugin import stacks_on_sigusr1\n"
+                     "stacks_on_sigusr1()\n"
+                     "def rank_one_waits():\n    time.sleep(120)\n"
+                     "rank_one_waits()\n")
+    code = (f"import subprocess\nsys.path.insert(0, {repo!r})\n"
+            "from ternary.vllm_plugin import stacks_on_sigusr1\n"
+            "assert stacks_on_sigusr1()\n"
+            f"c = subprocess.Popen([sys.executable, {str(child)!r}])\n"
+            "def engine_waits_for_ranks():\n    time.sleep(120)\n"
+            "print('engine ready', flush=True)\nengine_waits_for_ranks()\n")
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 4, False,
+                    _worker(tmp_path, code))
+    assert not r.ok and "stopped after the 4 s it was given" in r.error
+    log = (tmp_path / "ternary@tp2.log").read_text()
+    assert "bench-serve: timed out; nvidia-smi, then SIGUSR1" in log
+    assert "in engine_waits_for_ranks" in log and "in rank_one_waits" in log
+    assert log.count("most recent call first") >= 2
+
+
+def test_stacks_handler_only_with_the_env(monkeypatch):
+    from ternary import vllm_plugin
+
+    monkeypatch.delenv(vllm_plugin.STACKS_ENV, raising=False)
+    assert vllm_plugin.stacks_on_sigusr1() is False

@@ -348,6 +348,28 @@ stage_tp_bench() {
     --budget $(( l - 45 )) --timeout 300
 }
 
+# Where ternary at TP=$TP in bench-serve's offline engine stops (it did, twice, in the
+# twentieth session: bench/NOTES.md): the kernels on each rank's shapes alone (float64
+# checks, directly and from a CUDA graph, under a timeout), then the engine with vLLM's
+# custom all-reduce, with NCCL's instead, and eager (no CUDA graphs). A model that runs out
+# of time leaves nvidia-smi's utilization and every process's Python stacks in its log.
+stage_tp_hang() {
+  need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-hang || return 1
+  export TERNARY_STACKS_ON_SIGUSR1=1
+  run_step tp-hang-kernels 300 60 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
+    -k tensor_parallel -q -p no:cacheprovider
+  local v extra
+  for v in default nccl eager; do
+    case $v in nccl) extra=--disable-custom-all-reduce ;; eager) extra=--enforce-eager ;; *) extra="" ;; esac
+    # shellcheck disable=SC2086
+    run_step "tp-hang-$v" 150 90 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
+      --work "$W/models" --logs "$W/bench-logs-$v" --json "$W/results/tp-hang-$v.json" \
+      --models ternary --batches 1,16,64 --repeats 1 --budget 140 --timeout 120 \
+      --no-eager-fallback $extra
+  done
+}
+
 h200_finish() {
   local py=python3
   ternary_ready && py=$VPY
@@ -359,11 +381,11 @@ h200_finish() {
   # every result, the tp-* ones included, in one file (a call brings back 8 files at most)
   (cd "$W" && tar -czf "$OUT/results.tar.gz" results 2>/dev/null)
   # one archive for every log (8 files at most come back, 16 MiB each)
-  (cd "$W" && find logs smoke bench-logs tp-smoke tp-smoke-big -name '*.log' -size -200M 2>/dev/null \
+  (cd "$W" && find logs smoke bench-logs* tp-smoke tp-smoke-big -name '*.log' -size -200M 2>/dev/null \
      | tar -czf "$OUT/logs.tar.gz" -T - 2>/dev/null)
   if [ "$(stat -c %s "$OUT/logs.tar.gz" 2>/dev/null || echo 0)" -gt $((15 * 1024 * 1024)) ]; then
     rm -rf "$W/logtails" && mkdir -p "$W/logtails"
-    (cd "$W" && find logs smoke bench-logs tp-smoke tp-smoke-big -name '*.log' 2>/dev/null | while read -r f; do
+    (cd "$W" && find logs smoke bench-logs* tp-smoke tp-smoke-big -name '*.log' 2>/dev/null | while read -r f; do
        mkdir -p "logtails/$(dirname "$f")"; tail -n 3000 "$f" > "logtails/$f"; done
      tar -czf "$OUT/logs.tar.gz" logtails)
   fi

@@ -102,7 +102,8 @@ def bench(r: dict) -> list[str]:
             data.append([label(m), gib, p["batch"], f"{p['tok_s']:,.0f}",
                          f"{p['tok_s'] / q['tok_s']:.2f}" if q else "", f"{p['ttft_ms']:.1f}",
                          f"{p['step_ms']:.2f}", kern])
-    out = rows(f"bench-serve {r['shape']}: {r['prompt_len']}-token prompts, {r['output_len']} "
+    nccl = ", NCCL all-reduce (custom off)" if r.get("disable_custom_all_reduce") else ""
+    out = rows(f"bench-serve {r['shape']}{nccl}: {r['prompt_len']}-token prompts, {r['output_len']} "
                f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}",
                ["model", "weights GiB/GPU", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
                data)
@@ -119,7 +120,9 @@ def main(argv: list[str]) -> int:
     out = stages(work)
     for name, fn in (("build", build), ("smoke", smoke), ("validate", validate), ("bench", bench),
                      ("tp-validate-float32", tp_validate), ("tp-validate-bfloat16", tp_validate),
-                     ("tp-smoke", smoke), ("tp-smoke-big", smoke), ("tp-bench", bench)):
+                     ("tp-smoke", smoke), ("tp-smoke-big", smoke), ("tp-bench", bench),
+                     ("tp-hang-default", bench), ("tp-hang-nccl", bench),
+                     ("tp-hang-eager", bench)):
         r = load(work / "results" / f"{name}.json")
         if r is None:
             continue
