@@ -68,10 +68,13 @@ def probe_torch() -> dict:
 
 
 def probe_nvcc() -> tuple[str, str] | None:
-    """(CUDA_HOME, nvcc version) of the toolkit a build here would use, or None."""
+    """(CUDA_HOME, nvcc version) of the toolkit a build here would use; None when there is
+    none at all. A toolkit named (CUDA_HOME / CUDA_PATH, or nvcc on PATH) whose nvcc does not
+    answer raises ToolchainError, with the variable that named it."""
     from ternary._build import checks
 
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)), None)
+    home = os.environ.get(var) if var else None
     if not home:
         nvcc = shutil.which("nvcc")
         home = str(Path(nvcc).resolve().parent.parent) if nvcc else None
@@ -79,8 +82,9 @@ def probe_nvcc() -> tuple[str, str] | None:
         return None
     try:
         return home, checks.nvcc_version(home)
-    except checks.ToolchainError:
-        return None
+    except checks.ToolchainError as e:
+        named = f"{var}={home}" if var else f"nvcc on PATH (toolkit {home})"
+        raise checks.ToolchainError(f"{named}: {e}") from e
 
 
 def probe_libcuda() -> dict:
@@ -235,7 +239,14 @@ def check_torch(p: Probes, has_gpu: bool) -> tuple[Check, dict | None]:
 
 
 def check_nvcc(p: Probes, torch_info: dict | None) -> Check:
-    n = p.nvcc()
+    from ternary._build import checks
+
+    try:
+        n = p.nvcc()
+    except checks.ToolchainError as e:
+        return Check("nvcc", WARN, f"no working CUDA toolkit: {e}",
+                     "point CUDA_HOME at a CUDA toolkit's root (the directory holding "
+                     "bin/nvcc) or unset it; needed only to build ternary._C")
     if n is None:
         return Check("nvcc", WARN, "no CUDA toolkit (CUDA_HOME unset, no nvcc on PATH)",
                      "needed only to build ternary._C: nox -s build-<target> pins one")
@@ -341,8 +352,13 @@ def check_vllm(p: Probes) -> list[Check]:
     try:
         how = p.plugin()
     except ImportError as e:
+        # the plugin imports vLLM's modules: a package missing under vLLM is vLLM's problem
+        ours = (e.name or "").split(".")[0] in ("ternary", "")
         out.append(Check("vllm plugin", WARN, f"ternary.vllm_plugin not importable: {e}",
-                         "reinstall vllm-ternary (the plugin ships with it)"))
+                         "reinstall vllm-ternary (the plugin ships with it)" if ours else
+                         f"vLLM {version} cannot import {e.name}: install the target's locked "
+                         "environment (nox -s build-<target> uses it), which pins vLLM's "
+                         "dependencies"))
     except Exception as e:  # noqa: BLE001 - any refusal of vLLM is the check's finding
         out.append(Check("vllm plugin", FAIL, f"registration with vLLM {version} failed: "
                          f"{type(e).__name__}: {e}", "use the vLLM version of your target "

@@ -146,6 +146,16 @@ def test_cli_reports_an_unwritable_work_dir(tmp_path, capsys):
     assert f"writing under --work {blocker} failed" in err and "needs 2.2 GB" in err
 
 
+def test_cli_refuses_a_logs_path_that_is_a_file(tmp_path, capsys):
+    pytest.importorskip("vllm", reason="the check runs after the vLLM import check")
+    f = tmp_path / "logs.txt"
+    f.write_text("")
+    assert cli(["bench-serve", "--shape", "tiny", "--work", str(tmp_path),
+                "--logs", str(f)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--logs {f} is a file, not a directory" in err and "writing under --work" not in err
+
+
 def test_loading_gib_reads_both_log_formats():
     assert b.loading_gib("INFO [gpu_model_runner.py:1] Model loading took 12.55 GiB memory "
                          "and 3.1 seconds") == 12.55

@@ -202,6 +202,32 @@ def test_plugin_import_error_warns_and_registration_error_fails():
     assert c.verdict == FAIL and "0.6.2" in c.detail and "QUANTIZATION_METHODS" in c.detail
 
 
+def test_plugin_import_error_names_the_package_vllm_lacks():
+    def vllm_broken():
+        raise ImportError("No module named 'compressed_tensors'", name="compressed_tensors")
+
+    def ours_missing():
+        raise ImportError("No module named 'ternary.vllm'", name="ternary.vllm")
+
+    c = by_name(doctor.run_checks(gpu_probes(plugin=vllm_broken)))["vllm plugin"]
+    assert c.verdict == WARN and "cannot import compressed_tensors" in c.fix
+    assert "reinstall vllm-ternary" not in c.fix
+    c = by_name(doctor.run_checks(gpu_probes(plugin=ours_missing)))["vllm plugin"]
+    assert "reinstall vllm-ternary" in c.fix
+
+
+def test_cuda_home_without_a_working_nvcc_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    with pytest.raises(Exception, match=f"CUDA_HOME={tmp_path}: "):
+        doctor.probe_nvcc()
+    c = by_name(doctor.run_checks(gpu_probes(nvcc=doctor.probe_nvcc)))["nvcc"]
+    assert c.verdict == WARN and f"CUDA_HOME={tmp_path}" in c.detail
+    assert "unset" not in c.detail.split(":")[0] and "point CUDA_HOME" in c.fix
+    # the host compiler check still runs
+    assert "host compiler" in by_name(doctor.run_checks(gpu_probes(nvcc=doctor.probe_nvcc)))
+
+
 def test_kernel_chooser_error_fails():
     def nothing_fits():
         raise RuntimeError("fused: needs sm_80+; cublas: TERNARY_KERNEL=fused forbids it")

@@ -90,6 +90,15 @@ def run(args) -> int:
         except OSError as e:
             err.print(f"[red]error:[/] --json {args.json}: cannot write it ({e.strerror or e})")
             return 2
+    if args.logs is not None and not args.prepare_only:
+        try:
+            args.logs.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            what = "is a file, not a directory" if args.logs.is_file() else \
+                f"cannot be created ({e.strerror or e})"
+            err.print(f"[red]error:[/] --logs {args.logs} {what}; pass a directory for the "
+                      f"workers' logs")
+            return 2
     cpu_env_defaults()
     work = args.work or Path(tempfile.mkdtemp(prefix="ternary-bench-serve-"))
     try:

