@@ -365,6 +365,21 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def run_logged(cmd: list[str], log_path: Path, timeout: float) -> int | None:
+    """`cmd` in its own session, stdout and stderr into `log_path`; its exit status, or None
+    when it ran out of `timeout` (then, with TERNARY_STACKS_ON_SIGUSR1=1, its processes'
+    stacks go into the log, and it and everything it started are stopped)."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _diagnose_hang(proc, log)
+            _stop(proc)
+            return None
+
+
 def _tail(text: str, n: int = 25) -> str:
     return "\n".join(text.splitlines()[-n:])
 
@@ -387,15 +402,7 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
     cmd = [*(command or [sys.executable, "-m", "ternary.bench_serve", "--worker"]), str(spec_path)]
     run.log = str(log_path)
     t = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _diagnose_hang(proc, log)
-            _stop(proc)
-            rc = None
+    rc = run_logged(cmd, log_path, timeout)
     run.seconds = time.monotonic() - t
     text = log_path.read_text(errors="replace")
     if rc is None:

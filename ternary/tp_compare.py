@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -115,16 +114,9 @@ def run_engine(model_dir: Path, dtype: str, tp: int, prompt_ids: list[list[int]]
         "max_tokens": max_tokens, "vocab": vocab, "max_len": max_len, "out": str(out_path)}))
     cmd = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m", "ternary.tp_compare",
            "--worker", str(spec_path)]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            from ternary.bench_serve import _stop
+    from ternary.bench_serve import run_logged
 
-            _stop(proc)
-            rc = None
+    rc = run_logged(cmd, log_path, timeout)
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
     if rc is None:
         raise TPCompareError(f"the tensor parallel {tp} engine did not finish in {timeout:.0f} s "

@@ -448,17 +448,22 @@ def test_timeout_with_stacks_env_logs_every_process_stack(tmp_path, monkeypatch)
     child.write_text(f"import sys, time\nsys.path.insert(0, {repo!r})\n"
                      "from ternary.vllm_plugin import stacks_on_sigusr1\n"
                      "stacks_on_sigusr1()\n"
+                     "open(sys.argv[1], 'w').close()\n"
                      "def rank_one_waits():\n    time.sleep(120)\n"
                      "rank_one_waits()\n")
     code = (f"import subprocess\nsys.path.insert(0, {repo!r})\n"
             "from ternary.vllm_plugin import stacks_on_sigusr1\n"
             "assert stacks_on_sigusr1()\n"
-            f"c = subprocess.Popen([sys.executable, {str(child)!r}])\n"
+            f"ready = {str(tmp_path / 'ready')!r}\n"
+            f"c = subprocess.Popen([sys.executable, {str(child)!r}, ready])\n"
+            "import os\n"
+            "while not os.path.exists(ready): time.sleep(0.05)\n"
             "def engine_waits_for_ranks():\n    time.sleep(120)\n"
             "print('engine ready', flush=True)\nengine_waits_for_ranks()\n")
-    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 4, False,
+    # 10 s: both handlers are in place long before, even on a loaded machine
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 10, False,
                     _worker(tmp_path, code))
-    assert not r.ok and "stopped after the 4 s it was given" in r.error
+    assert not r.ok and "stopped after the 10 s it was given" in r.error
     log = (tmp_path / "ternary@tp2.log").read_text()
     assert "bench-serve: timed out; nvidia-smi, then SIGUSR1" in log
     assert "in engine_waits_for_ranks" in log and "in rank_one_waits" in log
