@@ -209,7 +209,20 @@ class Server:
         return True, f"{len(procs)} processes gone"
 
 
-class Reference:
+class _Tokenizing:
+    """Prompt text and chat messages as the model's token ids (self.tok: its tokenizer)."""
+
+    tok = None
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tok(prompt).input_ids
+
+    def chat_ids(self, messages) -> list[int]:
+        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+class Reference(_Tokenizing):
     def __init__(self, model_dir: Path, tol: float = 0.0):
         import torch
         from transformers import AutoTokenizer
@@ -221,13 +234,6 @@ class Reference:
         self._greedy = validate.reference_greedy
         self._cache: dict[tuple[int, ...], list[int]] = {}
         self.tol = tol
-
-    def ids(self, prompt: str) -> list[int]:
-        return self.tok(prompt).input_ids
-
-    def chat_ids(self, messages) -> list[int]:
-        ids = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def greedy(self, ids: list[int]) -> list[int]:
         key = tuple(ids)
@@ -245,7 +251,7 @@ class Reference:
         return [float(v) for v in (best - picked)]
 
 
-class AnswersOnly:
+class AnswersOnly(_Tokenizing):
     """For a model with no reference (a bench-serve model of a real shape, random weights):
     a request passes when it is answered with MAX_TOKENS token ids, each inside the
     vocabulary, and text that is their decoding."""
@@ -257,12 +263,6 @@ class AnswersOnly:
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-
-    def ids(self, prompt: str) -> list[int]:
-        return self.tok(prompt).input_ids
-
-    def chat_ids(self, messages) -> list[int]:
-        return Reference.chat_ids(self, messages)
 
     def check(self, got_ids, got_text: str) -> tuple[bool, str]:
         if got_ids is None:
