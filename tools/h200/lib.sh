@@ -363,9 +363,10 @@ stage_tp_hang() {
   for v in default nccl eager; do
     case $v in nccl) extra=--disable-custom-all-reduce ;; eager) extra=--enforce-eager ;; *) extra="" ;; esac
     # shellcheck disable=SC2086
-    run_step "tp-hang-$v" 150 90 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
+    # 130 s each, so setup, the kernels and all three fit in one call's 540 s
+    run_step "tp-hang-$v" 130 90 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
       --work "$W/models" --logs "$W/bench-logs-$v" --json "$W/results/tp-hang-$v.json" \
-      --models ternary --batches 1,16,64 --repeats 1 --budget 140 --timeout 120 \
+      --models ternary --batches 1,16,64 --repeats 1 --budget 125 --timeout 110 \
       --no-eager-fallback $extra
   done
 }
