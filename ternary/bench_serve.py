@@ -343,11 +343,28 @@ def _diagnose_hang(proc: subprocess.Popen, log) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         log.write(f"nvidia-smi: {e}\n".encode())
     log.flush()
-    try:
-        os.killpg(proc.pid, signal.SIGUSR1)
-    except ProcessLookupError:
-        return
-    time.sleep(5)
+    # one process at a time: their dumps share the log, and at once they interleave
+    for pid in _group_pids(proc.pid):
+        log.write(f"\n== Python stacks of PID {pid}\n".encode())
+        log.flush()
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            continue
+        time.sleep(1)
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """The processes of process group `pgid`, the leader first (from /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getpgid(int(d.name)) == pgid:
+                    pids.append(int(d.name))
+            except ProcessLookupError:
+                continue
+    return sorted(pids, key=lambda p: (p != pgid, p))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -375,9 +392,14 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float) -> int | None:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _diagnose_hang(proc, log)
-            _stop(proc)
+            try:
+                _diagnose_hang(proc, log)
+            finally:
+                _stop(proc)
             return None
+        except BaseException:  # Ctrl-C, SIGTERM: the engine must not outlive its driver
+            _stop(proc)
+            raise
 
 
 def _tail(text: str, n: int = 25) -> str:

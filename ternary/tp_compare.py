@@ -45,8 +45,12 @@ class PromptPair:
 
     @property
     def first_difference(self) -> int | None:
+        """The first position where the token lists differ (the shorter one's length when it
+        is a prefix of the other); None when they are equal."""
+        if self.tokens_equal:
+            return None
         return next((i for i, (a, b) in enumerate(zip(self.tokens_a, self.tokens_b)) if a != b),
-                    None)
+                    min(len(self.tokens_a), len(self.tokens_b)))
 
     @property
     def kl_max(self) -> float:

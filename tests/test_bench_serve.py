@@ -466,8 +466,33 @@ def test_timeout_with_stacks_env_logs_every_process_stack(tmp_path, monkeypatch)
     assert not r.ok and "stopped after the 10 s it was given" in r.error
     log = (tmp_path / "ternary@tp2.log").read_text()
     assert "bench-serve: timed out; nvidia-smi, then SIGUSR1" in log
+    # one process at a time, so the dumps do not interleave
+    assert log.count("== Python stacks of PID") >= 2
     assert "in engine_waits_for_ranks" in log and "in rank_one_waits" in log
     assert log.count("most recent call first") >= 2
+
+
+def test_run_logged_stops_the_group_when_its_driver_is_interrupted(tmp_path, monkeypatch):
+    import subprocess
+
+    from ternary.smoke import alive
+
+    real_wait, pids = subprocess.Popen.wait, []
+
+    def wait(self, timeout=None):  # Ctrl-C arrives while the driver waits
+        if not pids:
+            pids.append(self.pid)
+            raise KeyboardInterrupt
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(subprocess.Popen, "wait", wait)
+    with pytest.raises(KeyboardInterrupt):
+        b.run_logged([sys.executable, "-c", "import time; time.sleep(120)"],
+                     tmp_path / "w.log", 60)
+    deadline = time.monotonic() + 10
+    while alive(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pids[0])
 
 
 def test_stacks_handler_only_with_the_env(monkeypatch):

@@ -24,18 +24,20 @@ def add_arguments(p) -> None:
 
 
 def tensor_parallel(vllm_args: list[str]) -> int:
-    """The --tensor-parallel-size (-tp) among vLLM's arguments, 1 when absent or unreadable
-    (vLLM itself reports a bad value)."""
+    """The --tensor-parallel-size (-tp, --tensor_parallel_size) among vLLM's arguments, the
+    last one given as argparse would; 1 when absent or unreadable (vLLM reports a bad
+    value itself)."""
+    found = None
     for i, a in enumerate(vllm_args):
-        for flag in ("--tensor-parallel-size", "-tp"):
-            value = a[len(flag) + 1:] if a.startswith(flag + "=") else \
-                (vllm_args[i + 1] if a == flag and i + 1 < len(vllm_args) else None)
-            if value is not None:
-                try:
-                    return max(1, int(value))
-                except ValueError:
-                    return 1
-    return 1
+        for flag in ("--tensor-parallel-size", "--tensor_parallel_size", "-tp"):
+            if a.startswith(flag + "="):
+                found = a[len(flag) + 1:]
+            elif a == flag and i + 1 < len(vllm_args):
+                found = vllm_args[i + 1]
+    try:
+        return max(1, int(found)) if found is not None else 1
+    except ValueError:
+        return 1
 
 
 def run(args) -> int:

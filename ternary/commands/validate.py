@@ -24,10 +24,22 @@ def add_arguments(p) -> None:
     p.add_argument("--against-tp", type=positive_int, default=None, metavar="M",
                    help="compare vLLM at --tp N with vLLM at tensor parallel M instead of the "
                         "transformers reference: greedy tokens and KL(M || N) per position")
-    p.add_argument("--timeout", type=float, default=900,
+    p.add_argument("--timeout", type=_positive_seconds, default=900,
                    help="seconds for each engine of --against-tp at most")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--verbose", action="store_true", help="keep vLLM's INFO log")
+
+
+def _positive_seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} s: give a positive number of seconds")
+    return value
 
 
 def _report_stream():

@@ -129,6 +129,7 @@ def test_serve_with_an_unsupported_vllm(monkeypatch, capsys):
     ([], 1), (["--port", "8000"], 1), (["--tensor-parallel-size", "2"], 2),
     (["--dtype", "bfloat16", "--tensor-parallel-size=4"], 4), (["-tp", "2"], 2),
     (["--tensor-parallel-size", "x"], 1), (["--tensor-parallel-size"], 1),
+    (["--tensor_parallel_size", "3"], 3), (["-tp", "2", "--tensor-parallel-size", "4"], 4),
 ])
 def test_serve_reads_the_tensor_parallel_size(args, tp):
     from ternary.commands.serve import tensor_parallel

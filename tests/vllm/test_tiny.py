@@ -230,6 +230,8 @@ def test_tp_report_verdict_per_dtype():
     assert report("float32", equal).ok and not report("float32", equal, flipped).ok
     assert report("bfloat16", equal, flipped).ok and not report("bfloat16", wrong).ok
     assert not report("float32").ok  # nothing compared is not a pass
+    assert tp_compare.PromptPair("p", [1, 2], [1, 2, 3], [0.0], 0.0).first_difference == 2
+    assert tp_compare.PromptPair("p", [4], [1], [0.0], 0.0).first_difference == 0
 
 
 def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
@@ -239,6 +241,9 @@ def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
     d = tiny.make(tmp_path / "m")
     assert cli(["validate", str(d), "--tp", "2", "--against-tp", "2"]) == 2
     assert "--tp 2 and --against-tp 2 are the same size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--timeout", "0"])
+    assert "0 s: give a positive number of seconds" in capsys.readouterr().err
     monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
     assert cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--json"]) == 2
     out = capsys.readouterr()

@@ -4,7 +4,6 @@ across the ranks, with the plugin's message, before it loads any weight. Runs on
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
 from ternary import tiny
+from ternary.bench_serve import run_logged
 from ternary.smoke import free_port
 
 CASES = {
@@ -46,12 +46,9 @@ def test_server_refuses_a_shape_that_does_not_split_before_loading(case, tmp_pat
     cmd = [sys.executable, "-P", "-m", "ternary", "serve", str(model), "--host", "127.0.0.1",
            "--port", str(free_port()), "--dtype", dtype, "--max-model-len", "256",
            "--tensor-parallel-size", "2"]
-    with open(log, "wb") as out:
-        try:
-            rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, timeout=600, check=False).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
+    # in its own session: if the plugin stopped refusing, the server and its ranks are
+    # stopped at the timeout, not left on the GPUs
+    rc = run_logged(cmd, log, 600)
     text = log.read_text(errors="replace")
     assert rc not in (0, None), f"the server did not refuse (status {rc}):\n{text[-3000:]}"
     at = text.find(message)

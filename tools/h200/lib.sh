@@ -87,21 +87,30 @@ run_step() {
 }
 
 # The JSON document a command printed last: in-process vLLM engines log to stdout too, so
-# the document starts at the last line that is a lone "{".
+# the document starts at the last line that is a lone "{" (an indented report), or is the
+# last line that starts with "{" (a one-line refusal such as {"ok": false, "error": ...}).
 json_tail() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
-lines = open(sys.argv[1], errors="replace").read().splitlines()
+try:
+    lines = open(sys.argv[1], errors="replace").read().splitlines()
+except OSError:
+    sys.exit(0)
 starts = [i for i, ln in enumerate(lines) if ln == "{"]
-for i in reversed(starts):
+docs = ["\n".join(lines[i:]) for i in reversed(starts)]
+docs += [ln for ln in reversed(lines) if ln.startswith("{")][:1]
+for text in docs:
     try:
-        doc = json.loads("\n".join(lines[i:]))
+        doc = json.loads(text)
     except ValueError:
         continue
     open(sys.argv[2], "w").write(json.dumps(doc, indent=2))
     break
 PY
 }
+
+# seconds a step capped at $1 gets now (run_step's rule), for the limits passed inside it
+step_seconds() { local l; l=$(( $(left) - 15 )); echo $(( $1 < l ? $1 : l )); }
 
 vllm_ready() { (cd "$W" && "${TERNARY_PY:-python3}" -c "import vllm" >/dev/null 2>&1); }
 
@@ -286,10 +295,13 @@ stage_tp_validate() {
   need vllm ternary || { record tp-validate 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-validate || return 1
   [ -f "$W/tiny-tp/config.json" ] || "$VPY" -m ternary make-tiny "$W/tiny-tp" > /dev/null || return 1
-  local dt rc=1
+  local dt rc=1 t
   for dt in ${TP_VALIDATE_DTYPES//,/ }; do
+    rm -f "$W/results/tp-validate-$dt.json" "$W/logs/tp-validate-$dt.stdout"
+    t=$(step_seconds 400)  # two engines, one after the other, inside the step's limit
     run_step "tp-validate-$dt" 400 100 bash -c "'$VPY' -m ternary validate '$W/tiny-tp' \
-      --tp $TP --against-tp 1 --dtype $dt --timeout 300 --json > '$W/logs/tp-validate-$dt.stdout'"
+      --tp $TP --against-tp 1 --dtype $dt --timeout $(( (t - 30) / 2 )) --json \
+      > '$W/logs/tp-validate-$dt.stdout'"
     rc=$?
     json_tail "$W/logs/tp-validate-$dt.stdout" "$W/results/tp-validate-$dt.json"
     [ -d /tmp ] && cp -r /tmp/ternary-tp-compare-* "$W/logs/" 2>/dev/null
@@ -313,6 +325,7 @@ stage_tp_refusals() {
 stage_tp_smoke() {
   need vllm ternary || { record tp-smoke 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-smoke || return 1
+  rm -f "$W/results/tp-smoke.json" "$W/logs/tp-smoke.stdout"
   run_step tp-smoke 420 150 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
     --tp $TP --formats ternary --keep '$W/tp-smoke' --health-timeout 300 \
     --json > '$W/logs/tp-smoke.stdout'"
@@ -329,6 +342,7 @@ stage_tp_smoke_big() {
     echo "== tp-smoke-big: no $model; run the models stage first (BENCH_MODELS=ternary)"
     record tp-smoke-big 1 0 "no $model: run the models stage first"; return 1
   fi
+  rm -f "$W/results/tp-smoke-big.json" "$W/logs/tp-smoke-big.stdout"
   run_step tp-smoke-big 480 200 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
     --tp $TP --model '$model' --keep '$W/tp-smoke-big' --health-timeout 420 \
     --json > '$W/logs/tp-smoke-big.stdout'"
@@ -342,6 +356,7 @@ stage_tp_bench() {
   need vllm ternary || { record tp-bench 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-bench || return 1
   local l; l=$(( $(left) - 20 ))
+  rm -f "$W/results/tp-bench.json"
   run_step tp-bench "$l" 150 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "1,$TP" \
     --work "$W/models" --logs "$W/bench-logs" --json "$W/results/tp-bench.json" \
     --models "$TP_BENCH_MODELS" --batches "$BENCH_BATCHES" --repeats "$BENCH_REPEATS" \
@@ -356,19 +371,24 @@ stage_tp_bench() {
 stage_tp_hang() {
   need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-hang || return 1
-  export TERNARY_STACKS_ON_SIGUSR1=1
-  run_step tp-hang-kernels 300 60 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
+  export TERNARY_STACKS_ON_SIGUSR1=1  # these steps only (unset below)
+  run_step tp-hang-kernels 120 40 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
     -k tensor_parallel -q -p no:cacheprovider
-  local v extra
+  local v extra t
   for v in default nccl eager; do
     case $v in nccl) extra=--disable-custom-all-reduce ;; eager) extra=--enforce-eager ;; *) extra="" ;; esac
+    rm -f "$W/results/tp-hang-$v.json"
+    # up to 150 s each (set-up, the kernels and all three fit in one call's 540 s). Inside
+    # it, the model's own limit leaves ~45 s for the stacks (1 s a process, nvidia-smi) and
+    # the stop (up to 20 s), so bench-serve still writes its JSON.
+    t=$(step_seconds 150)
     # shellcheck disable=SC2086
-    # 130 s each, so setup, the kernels and all three fit in one call's 540 s
-    run_step "tp-hang-$v" 130 90 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
+    run_step "tp-hang-$v" 150 120 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
       --work "$W/models" --logs "$W/bench-logs-$v" --json "$W/results/tp-hang-$v.json" \
-      --models ternary --batches 1,16,64 --repeats 1 --budget 125 --timeout 110 \
-      --no-eager-fallback $extra
+      --models ternary --batches 1,16,64 --repeats 1 --budget $(( t - 10 )) \
+      --timeout $(( t - 55 )) --no-eager-fallback $extra
   done
+  unset TERNARY_STACKS_ON_SIGUSR1
 }
 
 h200_finish() {
