@@ -99,6 +99,16 @@ def gpus_available() -> int | None:
     return torch.cuda.device_count() if torch.cuda.is_available() else None
 
 
+def too_few_gpus(tp: int) -> str | None:
+    """Why tensor parallel `tp` cannot run here (fewer CUDA GPUs than ranks), or None;
+    bench-serve, smoke and validate refuse with it before starting an engine."""
+    gpus = gpus_available()
+    if gpus is None or tp <= gpus:
+        return None
+    return (f"tensor parallel {tp} needs {tp} GPUs and torch sees {gpus} here "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+
+
 def loading_gib(log: str) -> float | None:
     """The last "Model loading took X GiB" of a vLLM log (GPU runners log it)."""
     found = LOAD_RE.findall(log)
@@ -273,9 +283,6 @@ def worker(spec: dict) -> dict:
         from ternary.vllm.register import vllm_version
 
         result["vllm"] = vllm_version()
-        if spec.get("tp", 1) > 1 and os.environ.get("TERNARY_BENCH_FACTS") != "1":
-            raise RuntimeError("not asked at tensor parallel > 1 (the H200 pair hung in "
-                               "apply_model); set TERNARY_BENCH_FACTS=1 to ask")
         # by its module's name: run as `python -m`, this module is __main__, which the
         # engine's processes cannot unpickle
         import importlib

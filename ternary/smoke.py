@@ -495,13 +495,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is not None and not (args.model / "config.json").is_file():
         p.error(f"--model {args.model}: no config.json there; pass a model directory "
                 f"(bench-serve --prepare-only --work DIR writes one)")
-    if args.tp > 1:
-        from ternary.bench_serve import gpus_available
+    from ternary.bench_serve import too_few_gpus
 
-        gpus = gpus_available()
-        if gpus is not None and args.tp > gpus:
-            p.error(f"--tp {args.tp} needs {args.tp} GPUs and torch sees {gpus} here "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    why = too_few_gpus(args.tp)
+    if why:
+        p.error(f"--tp {args.tp}: {why}")
     tol = DEFAULT_TOL[args.dtype] if args.logit_tol is None else args.logit_tol
     if tol < 0:
         p.error(f"--logit-tol must be >= 0, not {tol}")

@@ -340,7 +340,7 @@ def test_cli_refuses_more_ranks_than_gpus(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(b, "gpus_available", lambda: 1)
     assert cli(["bench-serve", "--shape", "tiny", "--tp", "1,2", "--work", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "--tp 1,2: tensor parallel 2 needs 2 GPUs, and torch sees 1 here" in err
+    assert "--tp 1,2: tensor parallel 2 needs 2 GPUs and torch sees 1 here" in err
 
 
 def test_h200_summary_reads_bench_json(tmp_path):

@@ -177,4 +177,4 @@ def test_smoke_refuses_more_ranks_than_gpus(monkeypatch, capsys):
     monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
     with pytest.raises(SystemExit):
         smoke.main(["--tp", "2"])
-    assert "--tp 2 needs 2 GPUs and torch sees 1 here" in capsys.readouterr().err
+    assert "--tp 2: tensor parallel 2 needs 2 GPUs and torch sees 1 here" in capsys.readouterr().err

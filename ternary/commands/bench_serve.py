@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -69,11 +68,9 @@ def run(args) -> int:
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
         return 2
-    gpus = b.gpus_available()
-    if not args.prepare_only and gpus is not None and max(tps) > gpus:
-        err.print(f"[red]error:[/] --tp {args.tp}: tensor parallel {max(tps)} needs "
-                  f"{max(tps)} GPUs, and torch sees {gpus} here (CUDA_VISIBLE_DEVICES="
-                  f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    why = None if args.prepare_only else b.too_few_gpus(max(tps))
+    if why:
+        err.print(f"[red]error:[/] --tp {args.tp}: {why}")
         return 2
     if not args.prepare_only and importlib.util.find_spec("vllm") is None:
         err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "

@@ -97,11 +97,11 @@ def run(args) -> int:
         if args.against_tp == args.tp:
             return _fail(args, f"--tp {args.tp} and --against-tp {args.against_tp} are the same "
                                f"size: compare two different tensor-parallel sizes")
-        gpus = _gpus()
-        if gpus is not None and max(args.tp, args.against_tp) > gpus:
-            return _fail(args, f"tensor parallel {max(args.tp, args.against_tp)} needs that many "
-                               f"GPUs and torch sees {gpus} here (CUDA_VISIBLE_DEVICES="
-                               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+        from ternary.bench_serve import too_few_gpus
+
+        why = too_few_gpus(max(args.tp, args.against_tp))
+        if why:
+            return _fail(args, why)
         return _run_tp_compare(args, console)
     from ternary.validate import validate
 
@@ -140,12 +140,6 @@ def run(args) -> int:
                f"KL < {report.kl_limit:g} required in {report.dtype})")
     out.flush()
     return 0 if report.ok else 1
-
-
-def _gpus() -> int | None:
-    from ternary.bench_serve import gpus_available
-
-    return gpus_available()
 
 
 def _run_tp_compare(args, console) -> int:

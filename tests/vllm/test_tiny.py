@@ -247,7 +247,7 @@ def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
     assert cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--json"]) == 2
     out = capsys.readouterr()
-    assert "tensor parallel 2 needs that many GPUs and torch sees 1 here" in out.err
+    assert "tensor parallel 2 needs 2 GPUs and torch sees 1 here" in out.err
     assert json.loads(out.out)["ok"] is False
 
 
@@ -269,3 +269,25 @@ def test_validate_against_tp_on_vllm(tmp_path):
     for p in report["results"]:
         assert p["tokens_equal"] and len(p["kl_per_position"]) == 5
         assert p["kl_max"] < 1e-6
+
+
+def test_tp_compare_reports_an_engine_that_fails_or_runs_out_of_time(tmp_path, monkeypatch):
+    """run_engine's refusals name the tensor-parallel size, the limit and the engine's log
+    (its tail included) instead of a missing-file error."""
+    from ternary import bench_serve, tp_compare
+
+    def fails(cmd, log_path, timeout):
+        log_path.write_text("CUDA error: an illegal memory access was encountered\n")
+        return 3
+
+    def hangs(cmd, log_path, timeout):
+        log_path.write_text("No available shared memory broadcast block found\n")
+
+    for fake, want, tail in (
+            (fails, "the tensor parallel 2 engine exited with status 3", "illegal memory"),
+            (hangs, "the tensor parallel 2 engine did not finish in 7 s", "broadcast block")):
+        monkeypatch.setattr(bench_serve, "run_logged", fake)
+        with pytest.raises(tp_compare.TPCompareError) as e:
+            tp_compare.run_engine(tmp_path, "float32", 2, [[1, 2]], 4, 384, 256, tmp_path, 7)
+        msg = str(e.value)
+        assert want in msg and str(tmp_path / "tp2.log") in msg and tail in msg
