@@ -113,9 +113,11 @@ TP2_LLAMA7B = ((4096, 6144), (2048, 4096), (4096, 11008), (5504, 4096))
 @pytest.mark.parametrize("k, n", TP2_LLAMA7B)
 def test_linear_fused_tensor_parallel_2_shapes(k, n):
     """linear_fused (the op the plugin calls, max_m 128) on each rank's shapes, at the M the
-    bench drives (decode 1 / 16 / 64, prefill 128 / 129 / 2048) and a random M, directly and
-    replayed from a CUDA graph with new x, against float64; K = 5504 splits its 86 k tiles
-    unevenly (21 / 22) where the route splits K 4 ways."""
+    bench drives (decode 1 / 16 / 64, prefill 128 / 129 / 2048), the profiling runs' M
+    (vLLM 0.26 on an H200: 8192 tokens for a server, 16384 for the LLM class) and a random M,
+    directly and replayed from a CUDA graph with new x, against float64; K = 5504 splits its
+    86 k tiles unevenly (21 / 22) where the route splits K 4 ways, and its persistent
+    256-token tiles (M >= 2048) pad the last round of the x ring."""
     from ternary import _ext
 
     rng = _rng(k + n)
@@ -123,7 +125,7 @@ def test_linear_fused_tensor_parallel_2_shapes(k, n):
     packed = ops.pack(codes)
     repacked = ops.repack(packed)
     bias = None
-    for m in (1, 16, 64, 128, 129, 2048, rng.randint(2, 300)):
+    for m in (1, 16, 64, 128, 129, 2048, 8192, 16384, rng.randint(2, 300)):
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         _poison((m, n), torch.bfloat16)
         y = ops.linear_fused(x, repacked, packed, scale, 0, n, 128, bias)
