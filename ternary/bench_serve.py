@@ -272,6 +272,8 @@ def worker(spec: dict) -> dict:
               "enforce_eager": spec["eager"], "tensor_parallel_size": spec.get("tp", 1)}
     if spec.get("disable_custom_all_reduce"):
         kwargs["disable_custom_all_reduce"] = True
+    if spec.get("max_num_batched_tokens"):
+        kwargs["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
     t = time.monotonic()
@@ -331,16 +333,55 @@ def worker(spec: dict) -> dict:
 # The driver
 
 
-def _diagnose_hang(proc: subprocess.Popen, log) -> None:
-    """Before a timed-out model is stopped, with TERNARY_STACKS_ON_SIGUSR1=1: every process
-    of its group writes its Python stacks into the log (ternary.vllm_plugin registers the
-    handler in each vLLM process), and the GPUs' utilization is appended (a kernel spinning
-    reads 100 %)."""
-    from ternary.vllm_plugin import STACKS_ENV
+# Python stacks of a model that runs out of time (TERNARY_STACKS_ON_SIGUSR1=1). Every Python
+# process its command starts imports this sitecustomize (PYTHONPATH): SIGUSR1, and a
+# faulthandler watchdog a few seconds before the model's deadline, dump all its threads into
+# a file of its own. Both run in C, without the GIL or the plugin: in the twenty-first
+# session the vLLM workers' handlers, registered by the plugin to stderr, left nothing in the
+# log while their GPUs read 100 %.
+STACKS_ENV = "TERNARY_STACKS_ON_SIGUSR1"
+_STACKS_SITE = """\
+import faulthandler, os, signal, time
+try:
+    _pid = os.getpid()
+    _f = open(os.path.join(os.environ["TERNARY_STACKS_DIR"], f"{_pid}.stacks"), "w")
+    with open("/proc/self/cmdline", "rb") as _c:
+        _cmd = _c.read().replace(b"\\0", b" ").decode(errors="replace").strip()
+    _f.write(f"== Python stacks of PID {_pid}: {_cmd[:300]}\\n")
+    _f.flush()
+    faulthandler.register(signal.SIGUSR1, file=_f, all_threads=True)
+    _left = float(os.environ["TERNARY_STACKS_AT"]) - time.time() + (_pid % 8) * 0.25
+    if _left > 0:
+        faulthandler.dump_traceback_later(_left, file=_f)
+except Exception:
+    pass
+"""
+STACKS_LEAD_S = 8.0  # the watchdogs fire this long before the model's deadline
 
+
+def _stacks_env(log_path: Path, timeout: float) -> tuple[dict | None, Path | None]:
+    """The environment that makes each process of the model's command leave its stacks in
+    LOG.stacks/ (None, None without TERNARY_STACKS_ON_SIGUSR1=1)."""
     if os.environ.get(STACKS_ENV) != "1":
+        return None, None
+    sdir = log_path.with_name(log_path.stem + ".stacks")
+    if sdir.exists():
+        for f in sdir.glob("*.stacks"):
+            f.unlink()
+    (sdir / "site").mkdir(parents=True, exist_ok=True)
+    (sdir / "site" / "sitecustomize.py").write_text(_STACKS_SITE)
+    path = os.pathsep.join(p for p in (str(sdir / "site"), os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, TERNARY_STACKS_DIR=str(sdir),
+                TERNARY_STACKS_AT=f"{time.time() + max(timeout - STACKS_LEAD_S, 1.0):.2f}"), sdir
+
+
+def _diagnose_hang(proc: subprocess.Popen, log, sdir: Path | None) -> None:
+    """Before a timed-out model is stopped: the GPUs' utilization into the log (a kernel
+    spinning reads 100 %), and SIGUSR1 to each process of its group (their watchdogs have
+    dumped already; this catches a process started after them)."""
+    if sdir is None:
         return
-    log.write(b"\n== bench-serve: timed out; nvidia-smi, then SIGUSR1 for Python stacks\n")
+    log.write(b"\n== bench-serve: timed out; nvidia-smi, then every process's Python stacks\n")
     log.flush()
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
@@ -350,15 +391,21 @@ def _diagnose_hang(proc: subprocess.Popen, log) -> None:
     except (OSError, subprocess.TimeoutExpired) as e:
         log.write(f"nvidia-smi: {e}\n".encode())
     log.flush()
-    # one process at a time: their dumps share the log, and at once they interleave
     for pid in _group_pids(proc.pid):
-        log.write(f"\n== Python stacks of PID {pid}\n".encode())
-        log.flush()
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             continue
-        time.sleep(1)
+    time.sleep(1)
+
+
+def _append_stacks(log, sdir: Path) -> None:
+    """Each process's dumps (watchdog and SIGUSR1), one process after another."""
+    for f in sorted(sdir.glob("*.stacks"), key=lambda f: int(f.stem)):
+        text = f.read_text(errors="replace")
+        if "most recent call first" in text:
+            log.write(b"\n" + text.encode())
+    log.flush()
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -393,16 +440,19 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float) -> int | None:
     """`cmd` in its own session, stdout and stderr into `log_path`; its exit status, or None
     when it ran out of `timeout` (then, with TERNARY_STACKS_ON_SIGUSR1=1, its processes'
     stacks go into the log, and it and everything it started are stopped)."""
+    env, sdir = _stacks_env(log_path, timeout)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             try:
-                _diagnose_hang(proc, log)
+                _diagnose_hang(proc, log, sdir)
             finally:
                 _stop(proc)
+                if sdir is not None:
+                    _append_stacks(log, sdir)
             return None
         except BaseException:  # Ctrl-C, SIGTERM: the engine must not outlive its driver
             _stop(proc)
@@ -463,9 +513,11 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           budget_s: float = 3600, timeout_s: float = 600, eager: bool = False,
           eager_fallback: bool = True, gpu_memory_utilization: float = 0.85, seed: int = 0,
           say=print, command: list[str] | None = None, tps: list[int] | None = None,
-          disable_custom_all_reduce: bool = False) -> dict:
+          disable_custom_all_reduce: bool = False,
+          max_num_batched_tokens: int | None = None) -> dict:
     """Runs every model at every tensor-parallel size of `tps` (default [1]) within
-    `budget_s` seconds in all; returns the report."""
+    `budget_s` seconds in all; returns the report. max_num_batched_tokens None keeps vLLM's
+    default (0.26 on an H200: 16384 for the LLM class, which its profiling run takes at once)."""
     tps = tps or [1]
     deadline = time.monotonic() + budget_s
     logs.mkdir(parents=True, exist_ok=True)
@@ -473,7 +525,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
     spec = {"batches": batches, "prompt_len": prompt_len, "output_len": output_len,
             "repeats": repeats, "dtype": dtype, "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
-            "disable_custom_all_reduce": disable_custom_all_reduce}
+            "disable_custom_all_reduce": disable_custom_all_reduce,
+            "max_num_batched_tokens": max_num_batched_tokens}
     runs: list[ModelRun] = []
     for tp, name in ((tp, name) for tp in tps for name in names):
         spec["tp"] = tp
@@ -504,7 +557,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
     env = next((r.env for r in runs if r.ok), {})
     return {"shape": shape_name, "prompt_len": prompt_len, "output_len": output_len,
             "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
-            "disable_custom_all_reduce": disable_custom_all_reduce, **env,
+            "disable_custom_all_reduce": disable_custom_all_reduce,
+            "max_num_batched_tokens": max_num_batched_tokens, **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
 

@@ -5,6 +5,7 @@ failure paths with stand-in processes (fast), and a real run on vLLM with a tiny
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -437,39 +438,35 @@ def test_h200_summary_reads_the_tp_results(tmp_path):
 
 
 def test_timeout_with_stacks_env_logs_every_process_stack(tmp_path, monkeypatch):
-    """TERNARY_STACKS_ON_SIGUSR1=1: a model that runs out of time first writes its processes'
-    Python stacks into its log (the plugin registers the handler in vLLM's processes; the
-    stand-in registers it itself, in a child too), then is stopped."""
-    from ternary import vllm_plugin
-
-    monkeypatch.setenv(vllm_plugin.STACKS_ENV, "1")
-    repo = str(Path(__file__).resolve().parents[1])
+    """TERNARY_STACKS_ON_SIGUSR1=1: a model that runs out of time leaves every process's
+    Python stacks in its log, the engine's and a rank's it started, each under its PID and
+    command line, without any handler of their own (bench-serve's sitecustomize registers
+    them), then is stopped."""
+    monkeypatch.setenv(b.STACKS_ENV, "1")
     child = tmp_path / "rank.py"
-    child.write_text(f"import sys, time\nsys.path.insert(0, {repo!r})\n"
-                     "from ternary.vllm_plugin import stacks_on_sigusr1\n"
-                     "stacks_on_sigusr1()\n"
+    child.write_text("import sys, time\n"
                      "open(sys.argv[1], 'w').close()\n"
                      "def rank_one_waits():\n    time.sleep(120)\n"
                      "rank_one_waits()\n")
-    code = (f"import subprocess\nsys.path.insert(0, {repo!r})\n"
-            "from ternary.vllm_plugin import stacks_on_sigusr1\n"
-            "assert stacks_on_sigusr1()\n"
+    code = ("import subprocess\n"
             f"ready = {str(tmp_path / 'ready')!r}\n"
             f"c = subprocess.Popen([sys.executable, {str(child)!r}, ready])\n"
             "import os\n"
             "while not os.path.exists(ready): time.sleep(0.05)\n"
             "def engine_waits_for_ranks():\n    time.sleep(120)\n"
             "print('engine ready', flush=True)\nengine_waits_for_ranks()\n")
-    # 10 s: both handlers are in place long before, even on a loaded machine
-    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 10, False,
+    # 12 s: the watchdogs fire 8 s before the end, long after both processes started
+    r = b.run_model("ternary", tmp_path, "auto", 2, tmp_path, {**SPEC, "tp": 2}, 12, False,
                     _worker(tmp_path, code))
-    assert not r.ok and "stopped after the 10 s it was given" in r.error
+    assert not r.ok and "stopped after the 12 s it was given" in r.error
     log = (tmp_path / "ternary@tp2.log").read_text()
-    assert "bench-serve: timed out; nvidia-smi, then SIGUSR1" in log
-    # one process at a time, so the dumps do not interleave
+    assert "bench-serve: timed out; nvidia-smi, then every process's Python stacks" in log
     assert log.count("== Python stacks of PID") >= 2
+    assert f"{child} " in log  # a dump names its process's command line
     assert "in engine_waits_for_ranks" in log and "in rank_one_waits" in log
-    assert log.count("most recent call first") >= 2
+    # the watchdog's dump and SIGUSR1's, in each process
+    assert log.count("most recent call first") >= 4
+    assert "Timeout (0:00:0" in log
 
 
 def test_run_logged_stops_the_group_when_its_driver_is_interrupted(tmp_path, monkeypatch):
@@ -495,8 +492,11 @@ def test_run_logged_stops_the_group_when_its_driver_is_interrupted(tmp_path, mon
     assert not alive(pids[0])
 
 
-def test_stacks_handler_only_with_the_env(monkeypatch):
-    from ternary import vllm_plugin
-
-    monkeypatch.delenv(vllm_plugin.STACKS_ENV, raising=False)
-    assert vllm_plugin.stacks_on_sigusr1() is False
+def test_stacks_only_with_the_env(tmp_path, monkeypatch):
+    monkeypatch.delenv(b.STACKS_ENV, raising=False)
+    assert b._stacks_env(tmp_path / "m.log", 60) == (None, None)
+    monkeypatch.setenv(b.STACKS_ENV, "1")
+    env, sdir = b._stacks_env(tmp_path / "m.log", 60)
+    assert sdir == tmp_path / "m.stacks" and (sdir / "site" / "sitecustomize.py").is_file()
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sdir / "site")
+    assert 50 < float(env["TERNARY_STACKS_AT"]) - time.time() <= 52

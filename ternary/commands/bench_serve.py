@@ -45,6 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--disable-custom-all-reduce", action="store_true",
                    help="vLLM's disable_custom_all_reduce: tensor parallel sums through NCCL "
                         "instead of vLLM's own all-reduce kernel")
+    p.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                   help="vLLM's max_num_batched_tokens (the most tokens a step, and its "
+                        "profiling run's); default vLLM's (16384 on an H200, 8192 for a server)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prepare-only", action="store_true",
                    help="write the models and stop (to write them in an earlier device call)")
@@ -62,7 +65,9 @@ def run(args) -> int:
         batches = b.parse_batches(args.batches)
         tps = b.parse_tps(args.tp)
         for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len),
-                        ("--repeats", args.repeats)):
+                        ("--repeats", args.repeats),
+                        ("--max-num-batched-tokens",
+                         1 if args.max_num_batched_tokens is None else args.max_num_batched_tokens)):
             if v < 1:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
     except b.BenchError as e:
@@ -106,7 +111,8 @@ def run(args) -> int:
                          args.prompt_len, args.output_len, args.repeats, args.dtype, args.budget,
                          args.timeout, args.enforce_eager, not args.no_eager_fallback,
                          args.gpu_memory_utilization, args.seed, err.log, tps=tps,
-                         disable_custom_all_reduce=args.disable_custom_all_reduce)
+                         disable_custom_all_reduce=args.disable_custom_all_reduce,
+                         max_num_batched_tokens=args.max_num_batched_tokens)
     except OSError as e:  # the models or logs could not be written
         err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
                   f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")

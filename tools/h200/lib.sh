@@ -363,30 +363,55 @@ stage_tp_bench() {
     --budget $(( l - 45 )) --timeout 300
 }
 
-# Where ternary at TP=$TP in bench-serve's offline engine stops (it did, twice, in the
-# twentieth session: bench/NOTES.md): the kernels on each rank's shapes alone (float64
-# checks, directly and from a CUDA graph, under a timeout), then the engine with vLLM's
-# custom all-reduce, with NCCL's instead, and eager (no CUDA graphs). A model that runs out
-# of time leaves nvidia-smi's utilization and every process's Python stacks in its log.
+# The fused kernel between NCCL all-reduces on $TP GPUs without vLLM (ternary.tp_kernels):
+# each rank runs Llama-2-7B's per-rank layer pattern at M = 1 ... 16384 against float64,
+# queued as vLLM queues it, then with a sync after every op (which names the op a hang sits
+# in). Needs the wheel only, so it runs in the first call.
+stage_tp_kernels() {
+  need ternary || { record tp-kernels 1 0 "prerequisite missing (see above)"; return 1; }
+  need_gpus tp-kernels || return 1
+  local mode t
+  for mode in queued sync; do
+    t=$(step_seconds 150)
+    # shellcheck disable=SC2046
+    run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary.tp_kernels --world "$TP" \
+      --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
+      $([ $mode = sync ] && echo --sync)
+  done
+}
+
+# Where ternary at TP=$TP stops in bench-serve's offline engine (it did in the twentieth
+# session: bench/NOTES.md). Variants (TP_HANG_VARIANTS, in order): default (CUDA graphs,
+# vLLM's custom all-reduce, 16384 tokens a step: the LLM class's default on an H200),
+# tokens8192 (a server's default), cublas (TERNARY_KERNEL=cublas: no fused kernel), nccl
+# (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
+# leaves nvidia-smi's utilization and every process's Python stacks in its log.
 stage_tp_hang() {
   need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-hang || return 1
   export TERNARY_STACKS_ON_SIGUSR1=1  # these steps only (unset below)
-  run_step tp-hang-kernels 120 40 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
-    -k tensor_parallel -q -p no:cacheprovider
-  local v extra t
-  for v in default nccl eager; do
-    case $v in nccl) extra=--disable-custom-all-reduce ;; eager) extra=--enforce-eager ;; *) extra="" ;; esac
+  local v t extra kernel cap=${TP_HANG_STEP_S:-200}
+  for v in ${TP_HANG_VARIANTS:-default tokens8192 cublas}; do
+    extra="" kernel=${TERNARY_KERNEL:-}
+    case $v in
+      default) ;;
+      tokens8192) extra="--max-num-batched-tokens 8192" ;;
+      cublas) kernel=cublas ;;
+      nccl) extra=--disable-custom-all-reduce ;;
+      eager) extra=--enforce-eager ;;
+      *) echo "== tp-hang: unknown variant '$v' (default tokens8192 cublas nccl eager)"
+         record "tp-hang-$v" 1 0 "unknown variant"; continue ;;
+    esac
     rm -f "$W/results/tp-hang-$v.json"
-    # up to 150 s each (set-up, the kernels and all three fit in one call's 540 s). Inside
-    # it, the model's own limit leaves ~45 s for the stacks (1 s a process, nvidia-smi) and
-    # the stop (up to 20 s), so bench-serve still writes its JSON.
-    t=$(step_seconds 150)
+    # an engine at TP=2 takes 60-100 s to start cold here (import, spawn, compile, graphs);
+    # the model's own limit leaves 30 s for the stacks and the stop, so the JSON is written
+    t=$(step_seconds "$cap")
     # shellcheck disable=SC2086
-    run_step "tp-hang-$v" 150 120 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
+    run_step "tp-hang-$v" "$cap" 150 env TERNARY_KERNEL="$kernel" \
+      "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
       --work "$W/models" --logs "$W/bench-logs-$v" --json "$W/results/tp-hang-$v.json" \
       --models ternary --batches 1,16,64 --repeats 1 --budget $(( t - 10 )) \
-      --timeout $(( t - 55 )) --no-eager-fallback $extra
+      --timeout $(( t - 30 )) --no-eager-fallback $extra
   done
   unset TERNARY_STACKS_ON_SIGUSR1
 }

@@ -23,8 +23,9 @@
 #   tp-smoke      smoke-h200's requests to a TP=$TP server on the tiny model, against its reference
 #   tp-smoke-big  the same requests to bench-serve's llama2-7b-shape model at TP=$TP (answers only)
 #   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
-#   tp-hang       where ternary at TP=$TP hangs in the offline engine: kernels alone, then the
-#                 engine with custom all-reduce / NCCL / eager, stacks logged on timeout
+#   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tp_kernels)
+#   tp-hang       where ternary at TP=$TP stops in the offline engine: variants TP_HANG_VARIANTS
+#                 (default tokens8192 cublas nccl eager), every process's stacks logged on timeout
 #
 # Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
 # after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary
@@ -45,8 +46,8 @@ stages=("$@")
 for s in "${stages[@]}"; do
   case $s in
     setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench) ;;
-    tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang" >&2
+    tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels) ;;
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels" >&2
        exit 2 ;;
   esac
 done

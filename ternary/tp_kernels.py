@@ -1,0 +1,222 @@
+"""The fused kernel between tensor-parallel all-reduces, without vLLM: one process a GPU
+(NCCL), each running a Llama layer's pattern on its rank's shapes (qkv, o_proj + all-reduce,
+gate_up, SiLU-and-mul, down_proj + all-reduce) through `linear_fused`, the op the vLLM plugin
+calls, at decode, prefill and profiling-run token counts. Each rank checks its layer outputs
+against float64 before and after the all-reduce, and writes a progress line before every op,
+so a run that stops names the op and the token count where each rank stopped.
+
+    python -m ternary.tp_kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync] [--json F]
+
+Written for the twentieth session's hang (bench/NOTES.md): vLLM's offline engine with ternary
+weights at tensor parallel 2 stopped on two H200s while each kernel alone passed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+# Llama-2-7B's linear layers on one rank of two: (name, K, N) of qkv (column-parallel, merged),
+# o_proj (row-parallel), gate_up (column-parallel, merged) and down_proj (row-parallel)
+LLAMA7B_TP2 = (("qkv", 4096, 6144), ("o_proj", 2048, 4096), ("gate_up", 4096, 11008),
+               ("down_proj", 5504, 4096))
+DEFAULT_M = (1, 16, 128, 2048, 8192, 16384)
+# bf16 operands and outputs (tests/test_ops_gpu.py: TOL)
+TOL = 1e-2
+# NVLink multicast stays off (device KINDS.md: it can take the host's GPUs out of service)
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class TpKernelsError(RuntimeError):
+    pass
+
+
+def _progress(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(f"{time.time():.3f} {line}\n")
+
+
+def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, sync: bool,
+               workdir: str, seed: int) -> None:
+    os.environ.update(NCCL_ENV)
+    import torch
+    import torch.distributed as dist
+
+    from ternary import ops
+
+    prog = Path(workdir) / f"rank{rank}.progress"
+    result: dict = {"rank": rank, "ok": False, "checks": []}
+    try:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
+                                device_id=dev)
+        torch.manual_seed(seed * 1000 + rank)  # each rank its own weights, like TP shards
+        layer = {}
+        for name, k, n in LLAMA7B_TP2:
+            codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device=dev)
+            scale = (torch.rand(n, device=dev) + 0.5) / k ** 0.5
+            packed = ops.pack(codes)
+            dense = codes.double() * scale.double().view(-1, 1)
+            layer[name] = (ops.repack(packed), packed, scale, n, dense)
+        _progress(prog, "weights ready")
+
+        def lf(name, x):
+            repacked, packed, scale, n, _ = layer[name]
+            _progress(prog, f"{name} M={x.shape[0]} K={x.shape[1]}")
+            y = ops.linear_fused(x, repacked, packed, scale, 0, n, 128)
+            if sync:
+                torch.cuda.synchronize()
+            return y
+
+        def all_reduce(t, what):
+            _progress(prog, f"all_reduce {what} {tuple(t.shape)} {t.dtype}")
+            dist.all_reduce(t)
+            if sync:
+                torch.cuda.synchronize()
+
+        def check(what, y, ref):
+            err = ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            finite = bool(torch.isfinite(y).all())
+            result["checks"].append({"what": what, "rel_err": err, "finite": finite})
+            if not finite or not err < TOL:
+                raise TpKernelsError(f"rank {rank}: {what}: relative error {err:.3g} (limit "
+                                     f"{TOL}), finite {finite}")
+
+        for m in ms:
+            gen = torch.Generator(device=dev).manual_seed(seed + m)  # the same h on every rank
+            h = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16, generator=gen)
+            for i in range(layers):
+                last = i == layers - 1
+                qkv = lf("qkv", h)
+                a = qkv[:, :2048].contiguous()  # attention's output has o_proj's K per rank
+                o = lf("o_proj", a)
+                if last:
+                    ref = a.double() @ layer["o_proj"][4].t()
+                    check(f"o_proj M={m}", o, ref)
+                    all_reduce(ref, "o_proj float64 reference")
+                all_reduce(o, f"o_proj M={m}")
+                if last:
+                    check(f"o_proj + all_reduce M={m}", o, ref)
+                gu = lf("gate_up", o)
+                act = torch.nn.functional.silu(gu[:, :5504]) * gu[:, 5504:]
+                d = lf("down_proj", act)
+                if last:
+                    ref = act.double() @ layer["down_proj"][4].t()
+                    check(f"down_proj M={m}", d, ref)
+                    all_reduce(ref, "down_proj float64 reference")
+                all_reduce(d, f"down_proj M={m}")
+                if last:
+                    check(f"down_proj + all_reduce M={m}", d, ref)
+                h = (d / d.abs().amax().clamp_min(1e-3)).to(torch.bfloat16)
+            torch.cuda.synchronize()
+            _progress(prog, f"M={m} done")
+        result["ok"] = True
+    except Exception as e:  # reported by the parent, with the rank's progress
+        result["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        (Path(workdir) / f"rank{rank}.json").write_text(json.dumps(result))
+        _progress(prog, "exit")
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
+        timeout: float = 240, workdir: Path | None = None, seed: int | None = None,
+        say=print) -> dict:
+    """Runs the ranks; returns {"ok", "hung", "ranks": [{rank, ok, error, checks, last}]}
+    where `last` is the last progress line of a rank (the op it was in when it stopped)."""
+    import multiprocessing as mp
+    import random
+    import socket
+    import tempfile
+
+    import torch
+
+    if torch.cuda.device_count() < world:
+        raise TpKernelsError(f"--world {world} needs {world} GPUs; this machine has "
+                             f"{torch.cuda.device_count()}")
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="ternary-tp-kernels-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    seed = random.randrange(2**31) if seed is None else seed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, f"tcp://127.0.0.1:{port}",
+                                                   list(ms), layers, sync, str(workdir), seed))
+             for r in range(world)]
+    say(f"tp-kernels: {world} ranks, M {list(ms)}, {layers} layers, "
+        f"{'a sync after every op' if sync else 'no syncs (as vLLM queues)'}, seed {seed}, "
+        f"at most {timeout:.0f} s")
+    start = time.time()
+    for p in procs:
+        p.start()
+    hung = False
+    for p in procs:
+        p.join(max(1.0, timeout - (time.time() - start)))
+        hung = hung or p.is_alive()
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    ranks = []
+    for r in range(world):
+        f, prog = workdir / f"rank{r}.json", workdir / f"rank{r}.progress"
+        doc = json.loads(f.read_text()) if f.exists() else {
+            "rank": r, "ok": False, "checks": [],
+            "error": f"no result: stopped after {timeout:.0f} s" if hung else
+                     f"no result (exit code {procs[r].exitcode})"}
+        lines = prog.read_text().splitlines() if prog.exists() else []
+        doc["last"] = lines[-1].split(" ", 1)[1] if lines else "(never started)"
+        ranks.append(doc)
+    return {"ok": all(d["ok"] for d in ranks) and not hung, "hung": hung, "seed": seed,
+            "world": world, "m": list(ms), "layers": layers, "sync": sync,
+            "seconds": round(time.time() - start, 1), "ranks": ranks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ternary.tp_kernels", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="token counts")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--sync", action="store_true", help="synchronize after every op")
+    p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    try:
+        ms = [int(v) for v in args.m.split(",") if v.strip()]
+        report = run(args.world, ms, args.layers, args.sync, args.timeout, seed=args.seed)
+    except (ValueError, TpKernelsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"tp-kernels: {report['world']} ranks, {report['seconds']} s"
+                    f"{', HUNG' if report['hung'] else ''}")
+    for c in ("rank", "ok", "last op", "worst rel err", "error"):
+        t.add_column(c)
+    for d in report["ranks"]:
+        worst = max((c["rel_err"] for c in d["checks"]), default=float("nan"))
+        t.add_row(str(d["rank"]), "yes" if d["ok"] else "NO", d["last"], f"{worst:.2e}",
+                  d.get("error", ""))
+    Console(width=160).print(t)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""ternary.tp_kernels: the fused kernel between NCCL all-reduces on two GPUs, each rank's
+layer outputs against float64 (gpu), and its refusal where the GPUs are missing (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ternary import tp_kernels
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has 2 GPUs")
+def test_refuses_without_enough_gpus(capsys):
+    assert tp_kernels.main(["--world", "2", "--m", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--world 2 needs 2 GPUs" in err and f"has {torch.cuda.device_count()}" in err
+
+
+def test_bad_token_counts_are_named(capsys):
+    assert tp_kernels.main(["--m", "1,x"]) == 2
+    assert "invalid literal" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (tensor parallel 2)")
+@pytest.mark.parametrize("sync", [False, True], ids=["queued", "sync-each-op"])
+def test_llama7b_tp2_layers_with_all_reduce(sync, tmp_path):
+    """Decode, prefill and vLLM's profiling-run token counts (8192 server, 16384 LLM class)
+    through the per-rank Llama-2-7B shapes with NCCL all-reduces between them, as vLLM's
+    workers run them; a rank that stops names its op."""
+    r = tp_kernels.run(2, (1, 16, 128, 2048, 8192, 16384), layers=2, sync=sync, timeout=240,
+                       workdir=tmp_path)
+    why = "; ".join(f"rank {d['rank']}: {d.get('error', 'ok')} (last: {d['last']})"
+                    for d in r["ranks"])
+    assert r["ok"], f"seed {r['seed']}, {'hung' if r['hung'] else 'failed'}: {why}"
+    for d in r["ranks"]:
+        assert len(d["checks"]) == 4 * 6, d["checks"]
