@@ -21,6 +21,7 @@
 // without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
 // 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
 #include <atomic>
+#include <cstdlib>
 #include <type_traits>
 #include <cuda.h>  // CUtensorMap (the type only: the encoder comes from the runtime)
 #include <cuda_bf16.h>
@@ -183,9 +184,26 @@ __device__ __forceinline__ void pdl_wait() {
 // attribute where pdl (which the caller sets only on sm_90+ devices). A launch the attribute
 // makes fail (a driver or platform without programmatic launch; none seen so far) is made
 // again plainly, which only orders it more strictly.
+// Switches for bisecting a hang inside a serving engine (tools/h200 tp-hang), read once a
+// process: TERNARY_PDL=0 launches every kernel plainly, TERNARY_PERSISTENT=0 gives
+// wgmma_big one block a tile. Results are the same either way; only overlap and speed move.
+bool env_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '0' && v[1] == '\0';
+}
+bool pdl_allowed() {
+  static const bool on = !env_off("TERNARY_PDL");
+  return on;
+}
+bool persistent_allowed() {
+  static const bool on = !env_off("TERNARY_PERSISTENT");
+  return on;
+}
+
 template <typename... P, typename... A>
 cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                      cudaStream_t stream, bool pdl, const A&... args) {
+  pdl = pdl && pdl_allowed();
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -1724,7 +1742,8 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   auto run = [&](int64_t tile0, int64_t count, int z, bool follows) {
     // 256-token tiles past a wave, unsplit: one block an SM over the tiles (the persistent
     // kernel keeps two stages of a tile for its output, so it needs two k tiles)
-    const bool p = BNX == kBigRows && z == 1 && count > sms && k / kTileK >= 2;
+    const bool p = BNX == kBigRows && z == 1 && count > sms && k / kTileK >= 2 &&
+                   persistent_allowed();
     const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);
     cudaError_t e = launch_k(p ? persistent : kernel, grid, dim3(384), kSmem, stream, follows,
                              reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias,

@@ -183,6 +183,9 @@ class FusedKernel(Kernel):
     def route(self, m, n=None, k=None):
         if self.max_m is None or m <= self.max_m:
             return self.name
+        cap = ops.large_m_cap()
+        if cap is not None and m > cap:
+            return "fused>cublas"
         # above max_m linear_fused keeps only the large-M Hopper kernel (csrc/ops.cpp); the
         # route of a channel-scale layer (group scales never take it)
         if n is None or k is None or _ext.load() is None or not torch.cuda.is_available():

@@ -12,6 +12,8 @@ along K, LSB first, code = w + 1; scale float32 [N] (channel), [1] (tensor) or
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ternary import _ext
@@ -427,12 +429,34 @@ def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, gro
     return torch.ops.ternary.gemm_fused(x, repacked, scale, group_size, n, bias)
 
 
+# Above max_m, linear_fused takes the large-M fused kernel only up to this many rows (unset or
+# 0: no limit; csrc/ops.cpp reads it at each such call and says why it exists). The vLLM
+# plugin sets TP_LARGE_M_MAX at tensor parallel > 1.
+LARGE_M_ENV = "TERNARY_LARGE_M_MAX"
+TP_LARGE_M_MAX = 8192
+
+
+def large_m_cap() -> int | None:
+    """TERNARY_LARGE_M_MAX as linear_fused reads it: None where there is no limit."""
+    v = os.environ.get(LARGE_M_ENV, "")
+    if not v:
+        return None
+    try:
+        cap = int(v)
+        if cap < 0:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{LARGE_M_ENV} must be a row count >= 0 (0: no limit); got {v!r}. "
+                         f"Unset it or set e.g. {TP_LARGE_M_MAX}") from None
+    return cap or None
+
+
 def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor | None,
                  scale: torch.Tensor, group_size: int, n: int, max_m: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """gemm_fused while x has at most max_m rows (always when max_m < 0), and above that where
     gemm_fused has its large-M kernel for the shape (Hopper: _ext.fused_route names a
-    "wgmma_big" route); otherwise dequantize `packed` (or, when it is None,
+    "wgmma_big" route) and x has at most TERNARY_LARGE_M_MAX rows; otherwise dequantize `packed` (or, when it is None,
     the tiles with dequantize_repacked) to x's dtype and torch.mm. The choice happens inside
     the op at run time, so compiled graphs keep both routes."""
     return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)

@@ -5,7 +5,12 @@ calls, at decode, prefill and profiling-run token counts. Each rank checks its l
 against float64 before and after the all-reduce, and writes a progress line before every op,
 so a run that stops names the op and the token count where each rank stopped.
 
-    python -m ternary.tp_kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync] [--json F]
+    python -m ternary.tp_kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync]
+                                 [--comm c10d|pynccl] [--json F]
+
+--comm pynccl sums through vLLM's PyNcclCommunicator, on the compute stream as vLLM's
+workers do (c10d runs NCCL on a stream of its own, which orders it against the kernels
+through events); it needs vLLM importable.
 
 Written for the twentieth session's hang (bench/NOTES.md): vLLM's offline engine with ternary
 weights at tensor parallel 2 stopped on two H200s while each kernel alone passed."""
@@ -41,7 +46,7 @@ def _progress(path: Path, line: str) -> None:
 
 
 def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, sync: bool,
-               workdir: str, seed: int) -> None:
+               workdir: str, seed: int, comm: str = "c10d") -> None:
     os.environ.update(NCCL_ENV)
     import torch
     import torch.distributed as dist
@@ -53,8 +58,17 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
     try:
         torch.cuda.set_device(rank)
         dev = torch.device("cuda", rank)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
-                                device_id=dev)
+        if comm == "pynccl":
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+            nccl = PyNcclCommunicator(dist.group.WORLD, device=dev)
+            if nccl.disabled:
+                raise TpKernelsError("vLLM's PyNcclCommunicator found no NCCL library (or "
+                                     "VLLM_DISABLE_PYNCCL is set); use --comm c10d")
+        else:
+            dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world,
+                                    device_id=dev)
         torch.manual_seed(seed * 1000 + rank)  # each rank its own weights, like TP shards
         layer = {}
         for name, k, n in LLAMA7B_TP2:
@@ -74,10 +88,14 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
             return y
 
         def all_reduce(t, what):
-            _progress(prog, f"all_reduce {what} {tuple(t.shape)} {t.dtype}")
-            dist.all_reduce(t)
+            _progress(prog, f"all_reduce {what} {tuple(t.shape)} {t.dtype} ({comm})")
+            if comm == "pynccl":
+                t = nccl.all_reduce(t)
+            else:
+                dist.all_reduce(t)
             if sync:
                 torch.cuda.synchronize()
+            return t
 
         def check(what, y, ref):
             err = ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
@@ -98,8 +116,8 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
                 if last:
                     ref = a.double() @ layer["o_proj"][4].t()
                     check(f"o_proj M={m}", o, ref)
-                    all_reduce(ref, "o_proj float64 reference")
-                all_reduce(o, f"o_proj M={m}")
+                    ref = all_reduce(ref, "o_proj float64 reference")
+                o = all_reduce(o, f"o_proj M={m}")
                 if last:
                     check(f"o_proj + all_reduce M={m}", o, ref)
                 gu = lf("gate_up", o)
@@ -108,8 +126,8 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
                 if last:
                     ref = act.double() @ layer["down_proj"][4].t()
                     check(f"down_proj M={m}", d, ref)
-                    all_reduce(ref, "down_proj float64 reference")
-                all_reduce(d, f"down_proj M={m}")
+                    ref = all_reduce(ref, "down_proj float64 reference")
+                d = all_reduce(d, f"down_proj M={m}")
                 if last:
                     check(f"down_proj + all_reduce M={m}", d, ref)
                 h = (d / d.abs().amax().clamp_min(1e-3)).to(torch.bfloat16)
@@ -132,9 +150,10 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
 
 def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
         timeout: float = 240, workdir: Path | None = None, seed: int | None = None,
-        say=print) -> dict:
+        say=print, comm: str = "c10d") -> dict:
     """Runs the ranks; returns {"ok", "hung", "ranks": [{rank, ok, error, checks, last}]}
     where `last` is the last progress line of a rank (the op it was in when it stopped)."""
+    import importlib.util
     import multiprocessing as mp
     import random
     import socket
@@ -142,6 +161,11 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
 
     import torch
 
+    if comm not in ("c10d", "pynccl"):
+        raise TpKernelsError(f"--comm {comm!r}: use c10d or pynccl")
+    if comm == "pynccl" and importlib.util.find_spec("vllm") is None:
+        raise TpKernelsError("--comm pynccl sums through vLLM's PyNcclCommunicator; vLLM is not "
+                             f"importable by {sys.executable} (use --comm c10d)")
     if torch.cuda.device_count() < world:
         raise TpKernelsError(f"--world {world} needs {world} GPUs; this machine has "
                              f"{torch.cuda.device_count()}")
@@ -153,9 +177,10 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(r, world, f"tcp://127.0.0.1:{port}",
-                                                   list(ms), layers, sync, str(workdir), seed))
+                                                   list(ms), layers, sync, str(workdir), seed,
+                                                   comm))
              for r in range(world)]
-    say(f"tp-kernels: {world} ranks, M {list(ms)}, {layers} layers, "
+    say(f"tp-kernels: {world} ranks, all-reduce through {comm}, M {list(ms)}, {layers} layers, "
         f"{'a sync after every op' if sync else 'no syncs (as vLLM queues)'}, seed {seed}, "
         f"at most {timeout:.0f} s")
     start = time.time()
@@ -180,7 +205,7 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
         doc["last"] = lines[-1].split(" ", 1)[1] if lines else "(never started)"
         ranks.append(doc)
     return {"ok": all(d["ok"] for d in ranks) and not hung, "hung": hung, "seed": seed,
-            "world": world, "m": list(ms), "layers": layers, "sync": sync,
+            "world": world, "comm": comm, "m": list(ms), "layers": layers, "sync": sync,
             "seconds": round(time.time() - start, 1), "ranks": ranks}
 
 
@@ -191,20 +216,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="token counts")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--sync", action="store_true", help="synchronize after every op")
+    p.add_argument("--comm", default="c10d", choices=["c10d", "pynccl"],
+                   help="the all-reduce: torch.distributed's NCCL, or vLLM's PyNcclCommunicator")
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--seed", type=int)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     try:
         ms = [int(v) for v in args.m.split(",") if v.strip()]
-        report = run(args.world, ms, args.layers, args.sync, args.timeout, seed=args.seed)
+        report = run(args.world, ms, args.layers, args.sync, args.timeout, seed=args.seed,
+                     comm=args.comm)
     except (ValueError, TpKernelsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"tp-kernels: {report['world']} ranks, {report['seconds']} s"
+    t = Table(title=f"tp-kernels: {report['world']} ranks, {report['comm']}, "
+                    f"{'sync after each op' if report['sync'] else 'queued'}, "
+                    f"{report['seconds']} s"
                     f"{', HUNG' if report['hung'] else ''}")
     for c in ("rank", "ok", "last op", "worst rel err", "error"):
         t.add_column(c)

@@ -198,3 +198,16 @@ def test_fused_apply_refuses_a_scalar_x():
     prepared = k.prepare(ops.pack(torch.zeros(8, 64, dtype=torch.int8)), torch.ones(8), 0)
     with pytest.raises(ValueError, match="x has K=.* but the layer's weight has K=64"):
         k.apply(torch.tensor(1.0, dtype=torch.bfloat16), prepared)
+
+
+def test_large_m_cap_reads_the_env(monkeypatch):
+    monkeypatch.delenv(ops.LARGE_M_ENV, raising=False)
+    assert ops.large_m_cap() is None
+    monkeypatch.setenv(ops.LARGE_M_ENV, "0")
+    assert ops.large_m_cap() is None
+    monkeypatch.setenv(ops.LARGE_M_ENV, "8192")
+    assert ops.large_m_cap() == 8192
+    for bad in ("-1", "8k", "1.5"):
+        monkeypatch.setenv(ops.LARGE_M_ENV, bad)
+        with pytest.raises(ValueError, match=rf"TERNARY_LARGE_M_MAX must be a row count >= 0.*{bad!r}"):
+            ops.large_m_cap()

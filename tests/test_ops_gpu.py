@@ -693,3 +693,72 @@ def test_dequantize_repacked_takes_an_unaligned_copy():
     assert shifted.data_ptr() % 16
     want = ops.dequantize_repacked(repacked, scale, 0, n, k, torch.float32)
     assert torch.equal(ops.dequantize_repacked(shifted, scale, 0, n, k, torch.float32), want)
+
+
+def test_large_m_limit_sends_larger_steps_to_dequantize(monkeypatch):
+    """TERNARY_LARGE_M_MAX (the plugin sets it at tensor parallel > 1): above it linear_fused
+    runs dequantize + cuBLAS instead of the large-M kernel, with the same numbers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ternary import _ext, kernels
+
+    n, k, m = 4096, 4096, 2048
+    if not _ext.fused_route(m, n, k, 0, 0).startswith("wgmma_big"):
+        pytest.skip(f"no large-M fused kernel on this GPU ({_ext.fused_route(m, n, k, 0, 0)})")
+    _rng()
+    codes, scale = _weights(n, k, "channel", 0)
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    ref = x.double() @ _dense64(codes, scale, 0).t()
+
+    def run():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            y = ops.linear_fused(x, repacked, None, scale, 0, n, 128)
+            torch.cuda.synchronize()
+        return y, [e.key for e in prof.key_averages()]
+
+    monkeypatch.delenv(ops.LARGE_M_ENV, raising=False)
+    y, names = run()
+    _check(y, ref, torch.bfloat16, "no limit")
+    assert any("wgmma_big" in s for s in names), names
+    assert kernels.FusedKernel().route(m, n, k) == "fused"
+    monkeypatch.setenv(ops.LARGE_M_ENV, str(m - 1))
+    y, names = run()
+    _check(y, ref, torch.bfloat16, f"limit {m - 1}")
+    assert not any("wgmma_big" in s for s in names), names
+    assert any("dequantize" in s for s in names), names
+    assert kernels.FusedKernel().route(m, n, k) == "fused>cublas"
+    monkeypatch.setenv(ops.LARGE_M_ENV, str(m))  # the limit itself still takes the kernel
+    y, names = run()
+    assert any("wgmma_big" in s for s in names), names
+    monkeypatch.setenv(ops.LARGE_M_ENV, "many")
+    with pytest.raises(RuntimeError, match="TERNARY_LARGE_M_MAX must be a row count"):
+        ops.linear_fused(x, repacked, None, scale, 0, n, 128)
+
+
+@pytest.mark.parametrize("switch", ["TERNARY_PDL", "TERNARY_PERSISTENT"])
+def test_bisect_switches_keep_the_numbers(switch):
+    """TERNARY_PDL=0 / TERNARY_PERSISTENT=0 (read once a process, so in a child): the
+    persistent large-M kernel (M = 2048) and a K split with its finish kernel (M = 64)
+    still match float64."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\nfrom ternary import ops\ntorch.manual_seed(0)\n"
+        "for m, n, k in ((2048, 4096, 4096), (64, 4096, 11008)):\n"
+        "    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device='cuda')\n"
+        "    scale = torch.rand(n, device='cuda') + 0.5\n"
+        "    p = ops.pack(codes)\n"
+        "    x = torch.randn(m, k, dtype=torch.bfloat16, device='cuda')\n"
+        "    y = ops.linear_fused(x, ops.repack(p), None, scale, 0, n, 128)\n"
+        "    ref = x.double() @ (codes.double() * scale.double()[:, None]).t()\n"
+        "    err = ((y.double() - ref).norm() / ref.norm()).item()\n"
+        "    assert err < 1e-2, (m, n, k, err)\n"
+        "    print(m, n, k, err)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, switch: "0"},
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("\n") == 2, r.stdout

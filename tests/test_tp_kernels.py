@@ -23,15 +23,23 @@ def test_bad_token_counts_are_named(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (tensor parallel 2)")
-@pytest.mark.parametrize("sync", [False, True], ids=["queued", "sync-each-op"])
-def test_llama7b_tp2_layers_with_all_reduce(sync, tmp_path):
+@pytest.mark.parametrize("sync, comm", [(False, "c10d"), (True, "c10d"), (False, "pynccl")],
+                         ids=["queued", "sync-each-op", "pynccl"])
+def test_llama7b_tp2_layers_with_all_reduce(sync, comm, tmp_path):
     """Decode, prefill and vLLM's profiling-run token counts (8192 server, 16384 LLM class)
-    through the per-rank Llama-2-7B shapes with NCCL all-reduces between them, as vLLM's
-    workers run them; a rank that stops names its op."""
+    through the per-rank Llama-2-7B shapes with NCCL all-reduces between them (torch's, or
+    vLLM's on the compute stream as its workers run them); a rank that stops names its op."""
+    if comm == "pynccl":
+        pytest.importorskip("vllm", reason="--comm pynccl needs vLLM")
     r = tp_kernels.run(2, (1, 16, 128, 2048, 8192, 16384), layers=2, sync=sync, timeout=240,
-                       workdir=tmp_path)
+                       workdir=tmp_path, comm=comm)
     why = "; ".join(f"rank {d['rank']}: {d.get('error', 'ok')} (last: {d['last']})"
                     for d in r["ranks"])
     assert r["ok"], f"seed {r['seed']}, {'hung' if r['hung'] else 'failed'}: {why}"
     for d in r["ranks"]:
         assert len(d["checks"]) == 4 * 6, d["checks"]
+
+
+def test_unknown_comm_is_refused():
+    with pytest.raises(tp_kernels.TpKernelsError, match="--comm 'mpi': use c10d or pynccl"):
+        tp_kernels.run(2, (1,), comm="mpi")

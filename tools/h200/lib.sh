@@ -229,7 +229,7 @@ stage_doctor() {
 stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite)
   need ternary || { record gpu-tests 1 0 "prerequisite missing (see above)"; return 1; }
   run_step gpu-tests 180 30 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
-    "$REPO/tests/test_kernels.py" -q -p no:cacheprovider
+    "$REPO/tests/test_kernels.py" "$REPO/tests/test_tp_kernels.py" -q -p no:cacheprovider
 }
 
 stage_vllm_tests() {
@@ -370,36 +370,45 @@ stage_tp_bench() {
 stage_tp_kernels() {
   need ternary || { record tp-kernels 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-kernels || return 1
-  local mode t
-  for mode in queued sync; do
+  local mode t modes="queued sync"
+  # vLLM's PyNcclCommunicator (NCCL on the compute stream, as in vLLM's workers) once the
+  # parts are in (setup)
+  vllm_ready && modes="$modes pynccl pynccl-sync"
+  for mode in $modes; do
     t=$(step_seconds 150)
     # shellcheck disable=SC2046
     run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary.tp_kernels --world "$TP" \
       --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
-      $([ $mode = sync ] && echo --sync)
+      $(case $mode in *sync) echo --sync ;; esac) $(case $mode in pynccl*) echo --comm pynccl ;; esac)
   done
 }
 
-# Where ternary at TP=$TP stops in bench-serve's offline engine (it did in the twentieth
-# session: bench/NOTES.md). Variants (TP_HANG_VARIANTS, in order): default (CUDA graphs,
-# vLLM's custom all-reduce, 16384 tokens a step: the LLM class's default on an H200),
-# tokens8192 (a server's default), cublas (TERNARY_KERNEL=cublas: no fused kernel), nccl
-# (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
+# Where ternary at TP=$TP stops in bench-serve's offline engine. It did in the twentieth and
+# twenty-first sessions, in vLLM's 16384-token profiling run (bench/NOTES.md); since then the
+# plugin limits the large-M fused kernel to 8192 tokens a step at TP > 1. Variants
+# (TP_HANG_VARIANTS, in order): default (as shipped: CUDA graphs, vLLM's custom all-reduce,
+# the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the hang's setting),
+# nopdl / nopersist (uncapped, with TERNARY_PDL=0 / TERNARY_PERSISTENT=0: bisects the kernel
+# side), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
+# nccl (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
 # leaves nvidia-smi's utilization and every process's Python stacks in its log.
 stage_tp_hang() {
   need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-hang || return 1
   export TERNARY_STACKS_ON_SIGUSR1=1  # these steps only (unset below)
-  local v t extra kernel cap=${TP_HANG_STEP_S:-200}
-  for v in ${TP_HANG_VARIANTS:-default tokens8192 cublas}; do
-    extra="" kernel=${TERNARY_KERNEL:-}
+  local v t extra envs cap=${TP_HANG_STEP_S:-200}
+  for v in ${TP_HANG_VARIANTS:-default uncapped nopdl}; do
+    extra="" envs=""
     case $v in
       default) ;;
-      tokens8192) extra="--max-num-batched-tokens 8192" ;;
-      cublas) kernel=cublas ;;
+      uncapped) envs="TERNARY_LARGE_M_MAX=0" ;;
+      nopdl) envs="TERNARY_LARGE_M_MAX=0 TERNARY_PDL=0" ;;
+      nopersist) envs="TERNARY_LARGE_M_MAX=0 TERNARY_PERSISTENT=0" ;;
+      tokens8192) envs="TERNARY_LARGE_M_MAX=0" extra="--max-num-batched-tokens 8192" ;;
+      cublas) envs="TERNARY_KERNEL=cublas" ;;
       nccl) extra=--disable-custom-all-reduce ;;
       eager) extra=--enforce-eager ;;
-      *) echo "== tp-hang: unknown variant '$v' (default tokens8192 cublas nccl eager)"
+      *) echo "== tp-hang: unknown variant '$v' (default uncapped nopdl nopersist tokens8192 cublas nccl eager)"
          record "tp-hang-$v" 1 0 "unknown variant"; continue ;;
     esac
     rm -f "$W/results/tp-hang-$v.json"
@@ -407,7 +416,7 @@ stage_tp_hang() {
     # the model's own limit leaves 30 s for the stacks and the stop, so the JSON is written
     t=$(step_seconds "$cap")
     # shellcheck disable=SC2086
-    run_step "tp-hang-$v" "$cap" 150 env TERNARY_KERNEL="$kernel" \
+    run_step "tp-hang-$v" "$cap" 150 env $envs \
       "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" --tp "$TP" \
       --work "$W/models" --logs "$W/bench-logs-$v" --json "$W/results/tp-hang-$v.json" \
       --models ternary --batches 1,16,64 --repeats 1 --budget $(( t - 10 )) \

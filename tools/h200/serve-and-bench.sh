@@ -24,8 +24,8 @@
 #   tp-smoke-big  the same requests to bench-serve's llama2-7b-shape model at TP=$TP (answers only)
 #   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
 #   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tp_kernels)
-#   tp-hang       where ternary at TP=$TP stops in the offline engine: variants TP_HANG_VARIANTS
-#                 (default tokens8192 cublas nccl eager), every process's stacks logged on timeout
+#   tp-hang       ternary at TP=$TP in the offline engine, variants TP_HANG_VARIANTS (default
+#                 uncapped nopdl nopersist tokens8192 cublas nccl eager); stacks logged on timeout
 #
 # Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
 # after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary

@@ -115,14 +115,40 @@ def bench(r: dict) -> list[str]:
     return out
 
 
+def tp_kernels(r: dict) -> list[str]:
+    data = []
+    for d in r["ranks"]:
+        worst = max((c["rel_err"] for c in d["checks"]), default=float("nan"))
+        data.append([d["rank"], "ok" if d["ok"] else "FAILED", f"{worst:.2e}", d["last"][:60],
+                     d.get("error", "")[:80]])
+    how = f"{r.get('comm', 'c10d')}, {'a sync after each op' if r['sync'] else 'queued'}"
+    return rows(f"tp-kernels ({how}): M {r['m']}, {r['seconds']} s"
+                f"{', HUNG' if r['hung'] else ''}, seed {r['seed']}",
+                ["rank", "result", "worst rel err", "last op", "error"], data)
+
+
+def _named(name: str, fn):
+    """fn's section with `name` in its title (several variants share one section kind)."""
+    def section(r: dict) -> list[str]:
+        out = fn(r)
+        return [out[0].replace("-- ", f"-- {name}: ", 1), *out[1:]] if out else out
+    return section
+
+
+TP_HANG_VARIANTS = ("default", "uncapped", "nopdl", "nopersist", "tokens8192", "cublas", "nccl",
+                    "eager")
+TP_KERNELS_MODES = ("queued", "sync", "pynccl", "pynccl-sync")
+
+
 def main(argv: list[str]) -> int:
     work = Path(argv[1]) if len(argv) > 1 else Path("/tmp/ternary-h200")
     out = stages(work)
     for name, fn in (("build", build), ("smoke", smoke), ("validate", validate), ("bench", bench),
                      ("tp-validate-float32", tp_validate), ("tp-validate-bfloat16", tp_validate),
                      ("tp-smoke", smoke), ("tp-smoke-big", smoke), ("tp-bench", bench),
-                     ("tp-hang-default", bench), ("tp-hang-nccl", bench),
-                     ("tp-hang-eager", bench)):
+                     *((f"tp-kernels-{m}", tp_kernels) for m in TP_KERNELS_MODES),
+                     *((f"tp-hang-{v}", _named(f"tp-hang {v}", bench))
+                       for v in TP_HANG_VARIANTS)):
         r = load(work / "results" / f"{name}.json")
         if r is None:
             continue
