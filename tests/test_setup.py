@@ -56,10 +56,19 @@ def test_editable_install_builds(tmp_path):
     uv = shutil.which("uv")
     if uv is None:
         pytest.skip("uv is not on PATH")
+    import sysconfig
+
     venv = tmp_path / "venv"
-    subprocess.run([uv, "venv", "-q", "--system-site-packages", "--python", sys.executable, str(venv)],
-                   check=True)
-    proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True)
+    # The build backend (setuptools, --no-build-isolation) comes from the environment running
+    # these tests, the target's locked one, as in nox's editable installs. With
+    # --system-site-packages it came from the base interpreter instead (here pyenv's
+    # setuptools 65.5, which rejects pyproject's SPDX `license` string).
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "_tests_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(py),
                            "--no-deps", "--no-build-isolation", "-e", str(REPO)],
                           env={**os.environ, "TERNARY_NO_EXTENSION": "1"}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
