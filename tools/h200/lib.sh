@@ -377,8 +377,9 @@ stage_tp_kernels() {
   for mode in $modes; do
     t=$(step_seconds 150)
     # shellcheck disable=SC2046
+    # 32 layers: Llama-2-7B's depth, as many all-reduces as vLLM's profiling step
     run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary.tp_kernels --world "$TP" \
-      --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
+      --layers 32 --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
       $(case $mode in *sync) echo --sync ;; esac) $(case $mode in pynccl*) echo --comm pynccl ;; esac)
   done
 }
