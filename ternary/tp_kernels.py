@@ -52,6 +52,7 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
     import torch.distributed as dist
 
     from ternary import ops
+    from ternary.kernels import FUSED_MAX_M
 
     prog = Path(workdir) / f"rank{rank}.progress"
     result: dict = {"rank": rank, "ok": False, "checks": []}
@@ -76,13 +77,15 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
             scale = (torch.rand(n, device=dev) + 0.5) / k ** 0.5
             packed = ops.pack(codes)
             dense = codes.double() * scale.double().view(-1, 1)
-            layer[name] = (ops.repack(packed), packed, scale, n, dense)
+            # as the plugin holds it: the repacked tiles only (its large-M fallback
+            # dequantizes those)
+            layer[name] = (ops.repack(packed), scale, n, dense)
         _progress(prog, "weights ready")
 
         def lf(name, x):
-            repacked, packed, scale, n, _ = layer[name]
+            repacked, scale, n, _ = layer[name]
             _progress(prog, f"{name} M={x.shape[0]} K={x.shape[1]}")
-            y = ops.linear_fused(x, repacked, packed, scale, 0, n, 128)
+            y = ops.linear_fused(x, repacked, None, scale, 0, n, FUSED_MAX_M)
             if sync:
                 torch.cuda.synchronize()
             return y
@@ -105,6 +108,19 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
                 raise TpKernelsError(f"rank {rank}: {what}: relative error {err:.3g} (limit "
                                      f"{TOL}), finite {finite}")
 
+        def row_parallel(name, x, m, checked):
+            """A row-parallel layer: each rank's partial sum, then the all-reduce; checked
+            against float64 (the reference summed the same way) where `checked`."""
+            y = lf(name, x)
+            if checked:
+                ref = x.double() @ layer[name][3].t()
+                check(f"{name} M={m}", y, ref)
+                ref = all_reduce(ref, f"{name} float64 reference")
+            y = all_reduce(y, f"{name} M={m}")
+            if checked:
+                check(f"{name} + all_reduce M={m}", y, ref)
+            return y
+
         for m in ms:
             gen = torch.Generator(device=dev).manual_seed(seed + m)  # the same h on every rank
             h = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16, generator=gen)
@@ -112,24 +128,10 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
                 last = i == layers - 1
                 qkv = lf("qkv", h)
                 a = qkv[:, :2048].contiguous()  # attention's output has o_proj's K per rank
-                o = lf("o_proj", a)
-                if last:
-                    ref = a.double() @ layer["o_proj"][4].t()
-                    check(f"o_proj M={m}", o, ref)
-                    ref = all_reduce(ref, "o_proj float64 reference")
-                o = all_reduce(o, f"o_proj M={m}")
-                if last:
-                    check(f"o_proj + all_reduce M={m}", o, ref)
+                o = row_parallel("o_proj", a, m, last)
                 gu = lf("gate_up", o)
                 act = torch.nn.functional.silu(gu[:, :5504]) * gu[:, 5504:]
-                d = lf("down_proj", act)
-                if last:
-                    ref = act.double() @ layer["down_proj"][4].t()
-                    check(f"down_proj M={m}", d, ref)
-                    ref = all_reduce(ref, "down_proj float64 reference")
-                d = all_reduce(d, f"down_proj M={m}")
-                if last:
-                    check(f"down_proj + all_reduce M={m}", d, ref)
+                d = row_parallel("down_proj", act, m, last)
                 h = (d / d.abs().amax().clamp_min(1e-3)).to(torch.bfloat16)
             torch.cuda.synchronize()
             _progress(prog, f"M={m} done")

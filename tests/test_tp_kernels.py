@@ -43,3 +43,13 @@ def test_llama7b_tp2_layers_with_all_reduce(sync, comm, tmp_path):
 def test_unknown_comm_is_refused():
     with pytest.raises(tp_kernels.TpKernelsError, match="--comm 'mpi': use c10d or pynccl"):
         tp_kernels.run(2, (1,), comm="mpi")
+
+
+def test_pynccl_without_vllm_is_refused(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(tp_kernels.TpKernelsError, match="vLLM is not importable"):
+        tp_kernels.run(2, (1,), comm="pynccl")
