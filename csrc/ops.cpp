@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -311,26 +312,28 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
   return out;
 }
 
-// gemm_fused up to max_m rows, and above where gemm_fused_takes_large_m (Hopper); else
-// dequantize + mm (ternary/ops.py says why one op). The mm takes no bias: an addmm epilogue
-// would go through cublasLt, which the cuBLAS path avoids.
 // TERNARY_LARGE_M_MAX=N: above max_m, linear_fused takes the large-M fused kernel only up to
 // N rows and dequantizes + cuBLAS above (unset or 0: no limit). Read at each call above
 // max_m (a getenv against a kernel of 30 us or more), so a process can set it after import.
 // The vLLM plugin sets 8192 at tensor parallel > 1: vLLM 0.26's LLM class at TP=2 on two
-// H200s stopped in its 16384-token profiling run with the fused kernel, three times, and ran
-// with TERNARY_KERNEL=cublas or 8192 tokens a step (bench/NOTES.md, twenty-first session).
+// H200s, 16384 tokens a step, stopped in four tries of four with the fused kernel (three in
+// its profiling run) and ran with TERNARY_KERNEL=cublas or 8192 tokens a step (bench/NOTES.md,
+// twenty-first session).
 int64_t large_m_cap() {
   const char* v = std::getenv("TERNARY_LARGE_M_MAX");
   if (v == nullptr || *v == '\0') return INT64_MAX;
-  char* end = nullptr;
-  const long long cap = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0' && cap >= 0,
-              msg("TERNARY_LARGE_M_MAX must be a row count >= 0 (0: no limit); got '", v,
-                  "'. Unset it or set e.g. 8192"));
+  // digits only, as ternary.ops.large_m_cap reads it
+  bool digits = std::strlen(v) <= 18;
+  for (const char* c = v; *c && digits; ++c) digits = *c >= '0' && *c <= '9';
+  TORCH_CHECK(digits, msg("TERNARY_LARGE_M_MAX must be a row count >= 0 (0: no limit); got '",
+                          v, "'. Unset it or set e.g. 8192"));
+  const long long cap = std::strtoll(v, nullptr, 10);
   return cap == 0 ? INT64_MAX : cap;
 }
 
+// gemm_fused up to max_m rows, and above where gemm_fused_takes_large_m (Hopper); else
+// dequantize + mm (ternary/ops.py says why one op). The mm takes no bias: an addmm epilogue
+// would go through cublasLt, which the cuBLAS path avoids.
 at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
                              const std::optional<at::Tensor>& packed, const at::Tensor& scale,
                              int64_t group_size, int64_t n, int64_t max_m,
@@ -353,7 +356,8 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
   const int64_t m = k > 0 ? x.numel() / k : 0;
   if (max_m < 0 || m <= max_m) return gemm_fused_cuda(x, repacked, scale, group_size, n, bias);
   if (m <= large_m_cap()) {
-    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused.cu: where)
+    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused.cu: where);
+    // up to TERNARY_LARGE_M_MAX rows (large_m_cap)
     const c10::cuda::CUDAGuard guard(x.device());
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     if (gemm_fused_takes_large_m(m, n, (k + 63) / 64 * 64, group_size, sms))

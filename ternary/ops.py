@@ -441,14 +441,10 @@ def large_m_cap() -> int | None:
     v = os.environ.get(LARGE_M_ENV, "")
     if not v:
         return None
-    try:
-        cap = int(v)
-        if cap < 0:
-            raise ValueError
-    except ValueError:
+    if not (v.isascii() and v.isdigit()) or len(v) > 18:  # as csrc/ops.cpp reads it
         raise ValueError(f"{LARGE_M_ENV} must be a row count >= 0 (0: no limit); got {v!r}. "
-                         f"Unset it or set e.g. {TP_LARGE_M_MAX}") from None
-    return cap or None
+                         f"Unset it or set e.g. {TP_LARGE_M_MAX}")
+    return int(v) or None
 
 
 def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor | None,
