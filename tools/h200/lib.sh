@@ -372,9 +372,13 @@ stage_tp_kernels() {
   need_gpus tp-kernels || return 1
   local mode t modes="queued sync"
   # vLLM's PyNcclCommunicator (NCCL on the compute stream, as in vLLM's workers) once the
-  # parts are in (setup)
+  # parts are in (setup); TP_KERNELS_MODES picks (e.g. the pynccl ones only, after setup)
   vllm_ready && modes="$modes pynccl pynccl-sync"
-  for mode in $modes; do
+  for mode in ${TP_KERNELS_MODES:-$modes}; do
+    case $mode in queued|sync|pynccl|pynccl-sync) ;;
+      *) echo "== tp-kernels: unknown mode '$mode' (queued sync pynccl pynccl-sync)"
+         record "tp-kernels-$mode" 1 0 "unknown mode"; continue ;;
+    esac
     t=$(step_seconds 150)
     # shellcheck disable=SC2046
     # 32 layers: Llama-2-7B's depth, as many all-reduces as vLLM's profiling step
