@@ -18,6 +18,7 @@ weights at tensor parallel 2 stopped on two H200s while each kernel alone passed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -46,7 +47,8 @@ def _progress(path: Path, line: str) -> None:
 
 
 def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, sync: bool,
-               workdir: str, seed: int, comm: str = "c10d") -> None:
+               workdir: str, seed: int, comm: str = "c10d", device: str = "cuda",
+               shapes=LLAMA7B_TP2) -> None:
     os.environ.update(NCCL_ENV)
     import torch
     import torch.distributed as dist
@@ -56,10 +58,19 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
 
     prog = Path(workdir) / f"rank{rank}.progress"
     result: dict = {"rank": rank, "ok": False, "checks": []}
+    cuda = device == "cuda"
+
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize()
+
     try:
-        torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        if comm == "pynccl":
+        if cuda:
+            torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        if not cuda:  # a dry run of this logic on the reference ops (tests)
+            dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        elif comm == "pynccl":
             from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
 
             dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -72,7 +83,9 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
                                     device_id=dev)
         torch.manual_seed(seed * 1000 + rank)  # each rank its own weights, like TP shards
         layer = {}
-        for name, k, n in LLAMA7B_TP2:
+        dims = {name: (k, n) for name, k, n in shapes}
+        hidden, attn, inter = dims["qkv"][0], dims["o_proj"][0], dims["down_proj"][0]
+        for name, k, n in shapes:
             codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device=dev)
             scale = (torch.rand(n, device=dev) + 0.5) / k ** 0.5
             packed = ops.pack(codes)
@@ -87,7 +100,7 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
             _progress(prog, f"{name} M={x.shape[0]} K={x.shape[1]}")
             y = ops.linear_fused(x, repacked, None, scale, 0, n, FUSED_MAX_M)
             if sync:
-                torch.cuda.synchronize()
+                synchronize()
             return y
 
         def all_reduce(t, what):
@@ -97,7 +110,7 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
             else:
                 dist.all_reduce(t)
             if sync:
-                torch.cuda.synchronize()
+                synchronize()
             return t
 
         def check(what, y, ref):
@@ -123,38 +136,37 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
 
         for m in ms:
             gen = torch.Generator(device=dev).manual_seed(seed + m)  # the same h on every rank
-            h = torch.randn(m, 4096, device=dev, dtype=torch.bfloat16, generator=gen)
+            h = torch.randn(m, hidden, device=dev, dtype=torch.bfloat16, generator=gen)
             for i in range(layers):
                 last = i == layers - 1
                 qkv = lf("qkv", h)
-                a = qkv[:, :2048].contiguous()  # attention's output has o_proj's K per rank
+                a = qkv[:, :attn].contiguous()  # attention's output has o_proj's K per rank
                 o = row_parallel("o_proj", a, m, last)
                 gu = lf("gate_up", o)
-                act = torch.nn.functional.silu(gu[:, :5504]) * gu[:, 5504:]
+                act = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
                 d = row_parallel("down_proj", act, m, last)
                 h = (d / d.abs().amax().clamp_min(1e-3)).to(torch.bfloat16)
-            torch.cuda.synchronize()
+            synchronize()
             _progress(prog, f"M={m} done")
         result["ok"] = True
-    except Exception as e:  # reported by the parent, with the rank's progress
+    except Exception as e:  # noqa: BLE001 (the parent reports it, with the rank's progress)
         result["error"] = f"{type(e).__name__}: {e}"
     finally:
         (Path(workdir) / f"rank{rank}.json").write_text(json.dumps(result))
         _progress(prog, "exit")
-        try:
-            import torch.distributed as dist
-
+        # the result is written; a peer that already left can make the teardown fail
+        with contextlib.suppress(Exception):
             if dist.is_initialized():
                 dist.destroy_process_group()
-        except Exception:
-            pass
 
 
 def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
         timeout: float = 240, workdir: Path | None = None, seed: int | None = None,
-        say=print, comm: str = "c10d") -> dict:
+        say=print, comm: str = "c10d", device: str = "cuda", shapes=LLAMA7B_TP2) -> dict:
     """Runs the ranks; returns {"ok", "hung", "ranks": [{rank, ok, error, checks, last}]}
-    where `last` is the last progress line of a rank (the op it was in when it stopped)."""
+    where `last` is the last progress line of a rank (the op it was in when it stopped).
+    device "cpu" runs the same logic on the reference ops over gloo (a dry run, for tests);
+    shapes: (name, K, N) of qkv, o_proj, gate_up and down_proj on one rank."""
     import importlib.util
     import multiprocessing as mp
     import random
@@ -168,7 +180,9 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
     if comm == "pynccl" and importlib.util.find_spec("vllm") is None:
         raise TpKernelsError("--comm pynccl sums through vLLM's PyNcclCommunicator; vLLM is not "
                              f"importable by {sys.executable} (use --comm c10d)")
-    if torch.cuda.device_count() < world:
+    if device == "cpu" and comm != "c10d":
+        raise TpKernelsError("the CPU dry run sums through torch.distributed (gloo): --comm c10d")
+    if device == "cuda" and torch.cuda.device_count() < world:
         raise TpKernelsError(f"--world {world} needs {world} GPUs; this machine has "
                              f"{torch.cuda.device_count()}")
     workdir = Path(workdir or tempfile.mkdtemp(prefix="ternary-tp-kernels-"))
@@ -180,7 +194,7 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_rank_main, args=(r, world, f"tcp://127.0.0.1:{port}",
                                                    list(ms), layers, sync, str(workdir), seed,
-                                                   comm))
+                                                   comm, device, tuple(shapes)))
              for r in range(world)]
     say(f"tp-kernels: {world} ranks, all-reduce through {comm}, M {list(ms)}, {layers} layers, "
         f"{'a sync after every op' if sync else 'no syncs (as vLLM queues)'}, seed {seed}, "

@@ -16,6 +16,30 @@ def test_refuses_without_enough_gpus(capsys):
     assert "--world 2 needs 2 GPUs" in err and f"has {torch.cuda.device_count()}" in err
 
 
+def test_rank_logic_on_the_reference_ops_over_gloo(tmp_path):
+    """The whole rank program (weights, the layer pattern, float64 checks before and after
+    each all-reduce, progress, the report) on the CPU reference ops: what the GPU run
+    executes, minus the kernels."""
+    # a Llama of hidden 256 (attention 128 and MLP 320 a rank), so the reference ops are quick
+    small = (("qkv", 256, 384), ("o_proj", 128, 256), ("gate_up", 256, 640),
+             ("down_proj", 320, 256))
+    r = tp_kernels.run(2, (1, 3), layers=2, timeout=240, workdir=tmp_path, device="cpu",
+                       say=lambda *_: None, shapes=small)
+    assert r["ok"] and not r["hung"], r
+    for d in r["ranks"]:
+        assert d["last"] == "exit"
+        assert [c["what"] for c in d["checks"]] == [
+            f"{name}{tail} M={m}" for m in (1, 3) for name in ("o_proj", "down_proj")
+            for tail in ("", " + all_reduce")]
+        assert all(c["finite"] and c["rel_err"] < tp_kernels.TOL for c in d["checks"])
+    # both ranks summed the same thing
+    assert [c["rel_err"] for c in r["ranks"][0]["checks"][1::2]] == pytest.approx(
+        [c["rel_err"] for c in r["ranks"][1]["checks"][1::2]])
+    progress = (tmp_path / "rank1.progress").read_text()
+    assert "all_reduce down_proj M=3 (3, 256) torch.bfloat16 (c10d)" in progress
+    assert "gate_up M=3 K=256" in progress and "down_proj M=3 K=320" in progress
+
+
 def test_bad_token_counts_are_named(capsys):
     assert tp_kernels.main(["--m", "1,x"]) == 2
     assert "invalid literal" in capsys.readouterr().err
@@ -38,6 +62,11 @@ def test_llama7b_tp2_layers_with_all_reduce(sync, comm, tmp_path):
     assert r["ok"], f"seed {r['seed']}, {'hung' if r['hung'] else 'failed'}: {why}"
     for d in r["ranks"]:
         assert len(d["checks"]) == 4 * 6, d["checks"]
+
+
+def test_cpu_dry_run_takes_c10d_only():
+    with pytest.raises(tp_kernels.TpKernelsError, match="CPU dry run sums through"):
+        tp_kernels.run(2, (1,), comm="pynccl", device="cpu")
 
 
 def test_unknown_comm_is_refused():
