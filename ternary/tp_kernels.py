@@ -6,11 +6,12 @@ against float64 before and after the all-reduce, and writes a progress line befo
 so a run that stops names the op and the token count where each rank stopped.
 
     python -m ternary.tp_kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync]
-                                 [--comm c10d|pynccl] [--json F]
+                                 [--comm c10d|pynccl] [--device cuda|cpu] [--json F]
 
 --comm pynccl sums through vLLM's PyNcclCommunicator, on the compute stream as vLLM's
 workers do (c10d runs NCCL on a stream of its own, which orders it against the kernels
-through events); it needs vLLM importable.
+through events); it needs vLLM importable. --device cpu runs the same program on the reference ops over gloo
+(a dry run without GPUs).
 
 Written for the twentieth session's hang (bench/NOTES.md): vLLM's offline engine with ternary
 weights at tensor parallel 2 stopped on two H200s while each kernel alone passed."""
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync", action="store_true", help="synchronize after every op")
     p.add_argument("--comm", default="c10d", choices=["c10d", "pynccl"],
                    help="the all-reduce: torch.distributed's NCCL, or vLLM's PyNcclCommunicator")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                   help="cpu: a dry run of the same program on the reference ops over gloo")
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--seed", type=int)
     p.add_argument("--json", type=Path)
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ms = [int(v) for v in args.m.split(",") if v.strip()]
         report = run(args.world, ms, args.layers, args.sync, args.timeout, seed=args.seed,
-                     comm=args.comm)
+                     comm=args.comm, device=args.device)
     except (ValueError, TpKernelsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
