@@ -10,8 +10,8 @@ so a run that stops names the op and the token count where each rank stopped.
 
 --comm pynccl sums through vLLM's PyNcclCommunicator, on the compute stream as vLLM's
 workers do (c10d runs NCCL on a stream of its own, which orders it against the kernels
-through events); it needs vLLM importable. --device cpu runs the same program on the reference ops over gloo
-(a dry run without GPUs).
+through events); it needs vLLM importable. --device cpu runs the same program on the
+reference ops over gloo (a dry run without GPUs).
 
 Written for the twentieth session's hang (bench/NOTES.md): vLLM's offline engine with ternary
 weights at tensor parallel 2 stopped on two H200s while each kernel alone passed."""
