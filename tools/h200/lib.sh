@@ -394,7 +394,7 @@ stage_tp_kernels() {
 # (TP_HANG_VARIANTS, in order): default (as shipped: CUDA graphs, vLLM's custom all-reduce,
 # the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the hang's setting),
 # nopdl / nopersist (uncapped, with TERNARY_PDL=0 / TERNARY_PERSISTENT=0: bisects the kernel
-# side), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
+# side), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: names the op), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
 # nccl (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
 # leaves nvidia-smi's utilization and every process's Python stacks in its log.
 stage_tp_hang() {
@@ -409,11 +409,14 @@ stage_tp_hang() {
       uncapped) envs="TERNARY_LARGE_M_MAX=0" ;;
       nopdl) envs="TERNARY_LARGE_M_MAX=0 TERNARY_PDL=0" ;;
       nopersist) envs="TERNARY_LARGE_M_MAX=0 TERNARY_PERSISTENT=0" ;;
+      # every launch synchronous and no compiled graph: a worker that stops is in the very
+      # op whose kernel does not finish (its Python stack names the layer)
+      blocking) envs="TERNARY_LARGE_M_MAX=0 CUDA_LAUNCH_BLOCKING=1" extra=--enforce-eager ;;
       tokens8192) envs="TERNARY_LARGE_M_MAX=0" extra="--max-num-batched-tokens 8192" ;;
       cublas) envs="TERNARY_KERNEL=cublas" ;;
       nccl) extra=--disable-custom-all-reduce ;;
       eager) extra=--enforce-eager ;;
-      *) echo "== tp-hang: unknown variant '$v' (default uncapped nopdl nopersist tokens8192 cublas nccl eager)"
+      *) echo "== tp-hang: unknown variant '$v' (default uncapped nopdl nopersist blocking tokens8192 cublas nccl eager)"
          record "tp-hang-$v" 1 0 "unknown variant"; continue ;;
     esac
     rm -f "$W/results/tp-hang-$v.json"

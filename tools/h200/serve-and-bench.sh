@@ -25,7 +25,7 @@
 #   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
 #   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tp_kernels)
 #   tp-hang       ternary at TP=$TP in the offline engine, variants TP_HANG_VARIANTS (default
-#                 uncapped nopdl nopersist tokens8192 cublas nccl eager); stacks logged on timeout
+#                 uncapped nopdl nopersist blocking tokens8192 cublas nccl eager); stacks on timeout
 #
 # Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
 # after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary

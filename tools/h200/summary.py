@@ -135,8 +135,8 @@ def _named(name: str, fn):
     return section
 
 
-TP_HANG_VARIANTS = ("default", "uncapped", "nopdl", "nopersist", "tokens8192", "cublas", "nccl",
-                    "eager")
+TP_HANG_VARIANTS = ("default", "uncapped", "nopdl", "nopersist", "blocking", "tokens8192",
+                    "cublas", "nccl", "eager")
 TP_KERNELS_MODES = ("queued", "sync", "pynccl", "pynccl-sync")
 
 
