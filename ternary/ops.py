@@ -452,7 +452,8 @@ def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor |
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """gemm_fused while x has at most max_m rows (always when max_m < 0), and above that where
     gemm_fused has its large-M kernel for the shape (Hopper: _ext.fused_route names a
-    "wgmma_big" route) and x has at most TERNARY_LARGE_M_MAX rows; otherwise dequantize `packed` (or, when it is None,
-    the tiles with dequantize_repacked) to x's dtype and torch.mm. The choice happens inside
-    the op at run time, so compiled graphs keep both routes."""
+    "wgmma_big" route) and x has at most TERNARY_LARGE_M_MAX rows (large_m_cap); otherwise
+    dequantize `packed` (or, when it is None, the tiles with dequantize_repacked) to x's dtype
+    and torch.mm. The choice happens inside the op at run time, so compiled graphs keep both
+    routes."""
     return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)

@@ -66,9 +66,8 @@ def run(args) -> int:
         tps = b.parse_tps(args.tp)
         for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len),
                         ("--repeats", args.repeats),
-                        ("--max-num-batched-tokens",
-                         1 if args.max_num_batched_tokens is None else args.max_num_batched_tokens)):
-            if v < 1:
+                        ("--max-num-batched-tokens", args.max_num_batched_tokens)):
+            if v is not None and v < 1:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")

@@ -380,8 +380,8 @@ stage_tp_kernels() {
          record "tp-kernels-$mode" 1 0 "unknown mode"; continue ;;
     esac
     t=$(step_seconds 150)
-    # shellcheck disable=SC2046
     # 32 layers: Llama-2-7B's depth, as many all-reduces as vLLM's profiling step
+    # shellcheck disable=SC2046
     run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary.tp_kernels --world "$TP" \
       --layers 32 --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
       $(case $mode in *sync) echo --sync ;; esac) $(case $mode in pynccl*) echo --comm pynccl ;; esac)
@@ -394,8 +394,9 @@ stage_tp_kernels() {
 # (TP_HANG_VARIANTS, in order): default (as shipped: CUDA graphs, vLLM's custom all-reduce,
 # the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the hang's setting),
 # nopdl / nopersist (uncapped, with TERNARY_PDL=0 / TERNARY_PERSISTENT=0: bisects the kernel
-# side), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: names the op), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
-# nccl (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
+# side), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: names the op), tokens8192
+# (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas), nccl
+# (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
 # leaves nvidia-smi's utilization and every process's Python stacks in its log.
 stage_tp_hang() {
   need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
