@@ -4,6 +4,8 @@ TERNARY_LARGE_M_MAX; one process (TP=1) keeps no limit."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
@@ -16,7 +18,9 @@ from ternary.vllm import linear
 
 @pytest.fixture
 def tp(monkeypatch):
-    monkeypatch.delenv(ops.LARGE_M_ENV, raising=False)
+    # set, then deleted: monkeypatch then removes what the plugin writes into os.environ
+    monkeypatch.setenv(ops.LARGE_M_ENV, "")
+    monkeypatch.delenv(ops.LARGE_M_ENV)
 
     def set_tp(n):
         monkeypatch.setattr(vllm.distributed, "get_tensor_model_parallel_world_size", lambda: n)
@@ -24,9 +28,7 @@ def tp(monkeypatch):
     return set_tp
 
 
-def test_tp2_sets_the_limit(tp, monkeypatch):
-    import os
-
+def test_tp2_sets_the_limit(tp):
     tp(2)
     assert linear.limit_large_m_for_tensor_parallel() == ops.TP_LARGE_M_MAX == 8192
     assert os.environ[ops.LARGE_M_ENV] == "8192" and ops.large_m_cap() == 8192
