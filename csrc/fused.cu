@@ -1445,8 +1445,8 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // b + gridDim.x, ... of `tiles`, and the x ring and its phases run on from tile to tile, so
 // the producer loads the next tile's first stages while the consumers finish this one. Each
 // tile's k steps are rounded up to whole rounds of S (the producer completes the pad stages'
-// "full" phase without a load, the consumers release them unread), which keeps every stage
-// index and descriptor a compile-time constant in the unrolled loop. The consumers keep the
+// "full" phase without a load, the consumers wait for it and release them unread), which
+// keeps every stage index and descriptor a compile-time constant in the unrolled loop. The consumers keep the
 // last two stages of a tile, write the output tile into them (a warpgroup's half a stage),
 // and release them after the stores; the next tile's first weight pieces are fetched before
 // the epilogue. ABL (kernel_lab's timing-only ablations, wrong results): 1 no decode (A kept
@@ -1585,8 +1585,15 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     } else {
       // release the pad stages now (the producer's way into the next tile), fetch the next
       // tile's first weight pieces (into slots this tile's reads are done with), store the
-      // output through the two held stages, then release those
-      for (int kt = kt_count; kt < kt_ring; ++kt) mbar_arrive(empty(kt % S));
+      // output through the two held stages, then release those. A pad stage is released only
+      // once its "full" phase completed, i.e. once the producer has passed its empty wait:
+      // released earlier, that stage's barrier could complete two phases before the producer
+      // polls it, and the parity it waits for would then never come (3 hangs in about
+      // 31,000 launches at M = 16384, K = 5504: ternary.kernel_soak, twenty-second session)
+      for (int kt = kt_count; kt < kt_ring; ++kt) {
+        mbar_wait(full(kt % S), (uint32_t)((g0 + kt) / S) & 1);
+        mbar_arrive(empty(kt % S));
+      }
       if (i + 1 < my_tiles) {
         wt = weights_of(tile_of(i + 1));
 #pragma unroll

@@ -178,11 +178,11 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
 
     if comm not in ("c10d", "pynccl"):
         raise TpKernelsError(f"--comm {comm!r}: use c10d or pynccl")
+    if device == "cpu" and comm != "c10d":
+        raise TpKernelsError("the CPU dry run sums through torch.distributed (gloo): --comm c10d")
     if comm == "pynccl" and importlib.util.find_spec("vllm") is None:
         raise TpKernelsError("--comm pynccl sums through vLLM's PyNcclCommunicator; vLLM is not "
                              f"importable by {sys.executable} (use --comm c10d)")
-    if device == "cpu" and comm != "c10d":
-        raise TpKernelsError("the CPU dry run sums through torch.distributed (gloo): --comm c10d")
     if device == "cuda" and torch.cuda.device_count() < world:
         raise TpKernelsError(f"--world {world} needs {world} GPUs; this machine has "
                              f"{torch.cuda.device_count()}")

@@ -388,6 +388,17 @@ stage_tp_kernels() {
   done
 }
 
+# linear_fused launched over and over on every GPU at once (ternary.kernel_soak), variants
+# SOAK_VARIANTS (default: sync after each launch; queued; nopersist; nopdl; cublas), SOAK_S
+# seconds each at SOAK_M tokens: a kernel that does not finish is named by shape and count
+stage_soak() {
+  need ternary || { record soak 1 0 "prerequisite missing (see above)"; return 1; }
+  local n vs=${SOAK_VARIANTS:-default,queued,nopersist,nopdl} s=${SOAK_S:-45}
+  n=$(( $(tr -cd , <<< "$vs" | wc -c) + 1 ))
+  run_step soak $(( n * (s + 100) )) 30 "$VPY" -P -m ternary.kernel_soak --m "${SOAK_M:-16384}" \
+    --seconds "$s" --variants "$vs" --workdir "$W/soak" --json "$W/results/soak.json"
+}
+
 # Where ternary at TP=$TP stops in bench-serve's offline engine. It did in the twentieth and
 # twenty-first sessions, in vLLM's 16384-token profiling run (bench/NOTES.md); since then the
 # plugin limits the large-M fused kernel to 8192 tokens a step at TP > 1. Variants

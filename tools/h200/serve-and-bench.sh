@@ -23,6 +23,7 @@
 #   tp-smoke      smoke-h200's requests to a TP=$TP server on the tiny model, against its reference
 #   tp-smoke-big  the same requests to bench-serve's llama2-7b-shape model at TP=$TP (answers only)
 #   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
+#   soak          linear_fused launched over and over on every GPU (ternary.kernel_soak), variants
 #   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tp_kernels)
 #   tp-hang       ternary at TP=$TP in the offline engine, variants TP_HANG_VARIANTS (default
 #                 uncapped nopdl nopersist blocking tokens8192 cublas nccl eager); stacks on timeout
@@ -46,8 +47,8 @@ stages=("$@")
 for s in "${stages[@]}"; do
   case $s in
     setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench) ;;
-    tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels" >&2
+    tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels|soak) ;;
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
        exit 2 ;;
   esac
 done
