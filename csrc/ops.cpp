@@ -315,10 +315,8 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
 // TERNARY_LARGE_M_MAX=N: above max_m, linear_fused takes the large-M fused kernel only up to
 // N rows and dequantizes + cuBLAS above (unset or 0: no limit). Read at each call above
 // max_m (a getenv against a kernel of 30 us or more), so a process can set it after import.
-// The vLLM plugin sets 8192 at tensor parallel > 1: vLLM 0.26's LLM class at TP=2 on two
-// H200s, 16384 tokens a step, stopped in four tries of four with the fused kernel (three in
-// its profiling run) and ran with TERNARY_KERNEL=cublas or 8192 tokens a step (bench/NOTES.md,
-// twenty-first session).
+// (The vLLM plugin set 8192 at tensor parallel > 1 while the persistent wgmma_big kernel could
+// hang; since that was fixed in the twenty-second session nothing sets it: bench/NOTES.md.)
 int64_t large_m_cap() {
   const char* v = std::getenv("TERNARY_LARGE_M_MAX");
   if (v == nullptr || *v == '\0') return INT64_MAX;

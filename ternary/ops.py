@@ -430,10 +430,9 @@ def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, gro
 
 
 # Above max_m, linear_fused takes the large-M fused kernel only up to this many rows (unset or
-# 0: no limit; csrc/ops.cpp reads it at each such call and says why it exists). The vLLM
-# plugin sets TP_LARGE_M_MAX at tensor parallel > 1.
+# 0: no limit; csrc/ops.cpp reads it at each such call): a user's switch to send very large
+# steps to dequantize + cuBLAS
 LARGE_M_ENV = "TERNARY_LARGE_M_MAX"
-TP_LARGE_M_MAX = 8192
 
 
 def large_m_cap() -> int | None:
@@ -443,7 +442,7 @@ def large_m_cap() -> int | None:
         return None
     if not (v.isascii() and v.isdigit()) or len(v) > 18:  # as csrc/ops.cpp reads it
         raise ValueError(f"{LARGE_M_ENV} must be a row count >= 0 (0: no limit); got {v!r}. "
-                         f"Unset it or set e.g. {TP_LARGE_M_MAX}")
+                         "Unset it or set e.g. 8192")
     return int(v) or None
 
 

@@ -696,7 +696,7 @@ def test_dequantize_repacked_takes_an_unaligned_copy():
 
 
 def test_large_m_limit_sends_larger_steps_to_dequantize(monkeypatch):
-    """TERNARY_LARGE_M_MAX (the plugin sets it at tensor parallel > 1): above it linear_fused
+    """TERNARY_LARGE_M_MAX (a user's switch, unset by default): above it linear_fused
     runs dequantize + cuBLAS instead of the large-M kernel, with the same numbers."""
     from torch.profiler import ProfilerActivity, profile
 

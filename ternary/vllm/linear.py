@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 from torch.nn import Parameter
@@ -52,27 +51,6 @@ def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
         route = f"{kernel.name} (dequantize + cuBLAS above M={kernel.max_m})"
     shape = f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}"
     logger.info(KERNEL_LOG, route, shape)
-
-
-def limit_large_m_for_tensor_parallel() -> int | None:
-    """At tensor parallel > 1, the large-M fused kernel takes at most TP_LARGE_M_MAX rows a
-    step unless TERNARY_LARGE_M_MAX says otherwise (csrc/ops.cpp: vLLM's LLM class stopped
-    in its 16384-token profiling run at TP=2 with it). Returns the limit it set, or None."""
-    from vllm.distributed import get_tensor_model_parallel_world_size
-
-    from ternary import ops
-
-    try:
-        tp = get_tensor_model_parallel_world_size()
-    except (AssertionError, RuntimeError, AttributeError):  # no parallel state (one process)
-        return None
-    if tp <= 1 or os.environ.get(ops.LARGE_M_ENV):
-        return None
-    os.environ[ops.LARGE_M_ENV] = str(ops.TP_LARGE_M_MAX)
-    logger.info("ternary: tensor parallel %d: the fused kernel takes steps of at most %d tokens; "
-                "larger ones dequantize + cuBLAS (%s=0 lifts the limit)", tp,
-                ops.TP_LARGE_M_MAX, ops.LARGE_M_ENV)
-    return ops.TP_LARGE_M_MAX
 
 
 def choose_kernel(layer: torch.nn.Module, group_size: int):
@@ -177,8 +155,6 @@ class TernaryLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         gs = self.spec.kernel_group_size
         kernel = choose_kernel(layer, gs)
-        if kernel.name == "fused":
-            limit_large_m_for_tensor_parallel()
         announce_kernel(kernel, layer, gs)
         layer.ternary_kernel = kernel
         try:

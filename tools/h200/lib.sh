@@ -399,16 +399,16 @@ stage_soak() {
     --seconds "$s" --variants "$vs" --workdir "$W/soak" --json "$W/results/soak.json"
 }
 
-# Where ternary at TP=$TP stops in bench-serve's offline engine. It did in the twentieth and
-# twenty-first sessions, in vLLM's 16384-token profiling run (bench/NOTES.md); since then the
-# plugin limits the large-M fused kernel to 8192 tokens a step at TP > 1. Variants
+# Ternary at TP=$TP in bench-serve's offline engine, in variants. It stopped in the twentieth
+# and twenty-first sessions, in vLLM's 16384-token profiling run: the persistent wgmma_big
+# kernel could hang (fixed in the twenty-second session; bench/NOTES.md). Variants
 # (TP_HANG_VARIANTS, in order): default (as shipped: CUDA graphs, vLLM's custom all-reduce,
-# the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the hang's setting),
-# nopdl / nopersist (uncapped, with TERNARY_PDL=0 / TERNARY_PERSISTENT=0: bisects the kernel
-# side), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: names the op), tokens8192
-# (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas), nccl
-# (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of time
-# leaves nvidia-smi's utilization and every process's Python stacks in its log.
+# the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the same unless the
+# environment sets a limit), nopdl / nopersist (uncapped, with TERNARY_PDL=0 /
+# TERNARY_PERSISTENT=0), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: a stop names the
+# op), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
+# nccl (--disable-custom-all-reduce), eager (--enforce-eager). A variant that runs out of
+# time leaves nvidia-smi's utilization and every process's Python stacks in its log.
 stage_tp_hang() {
   need vllm ternary || { record tp-hang 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-hang || return 1
