@@ -48,9 +48,35 @@ def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
     _announced.add(key)
     route = kernel.name
     if getattr(kernel, "max_m", None):
-        route = f"{kernel.name} (dequantize + cuBLAS above M={kernel.max_m})"
+        route = f"{kernel.name} ({large_m_routes(kernel, n, k)})"
     shape = f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}"
     logger.info(KERNEL_LOG, route, shape)
+
+
+def large_m_routes(kernel, n: int, k: int, top: int = 16384) -> str:
+    """What the fused kernel does above its max_m for an n x k layer: dequantize + cuBLAS,
+    or (Hopper, where that grid fills half the GPU) its large-M kernel from some M on. The
+    threshold is found by bisection over kernel.route, which grows with M: more rows, more
+    tiles."""
+    from ternary import ops
+
+    cap = ops.large_m_cap()  # TERNARY_LARGE_M_MAX
+    top = min(top, cap) if cap else top
+    above = f", dequantize + cuBLAS above M={cap} ({ops.LARGE_M_ENV})" if cap else ""
+    lo = kernel.max_m + 1
+    if top < lo or kernel.route(top, n, k) != kernel.name:
+        return f"dequantize + cuBLAS above M={kernel.max_m}"
+    hi = top  # route(hi) is the fused kernel; find the first such M
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if kernel.route(mid, n, k) == kernel.name:
+            hi = mid
+        else:
+            lo = mid + 1
+    if hi == kernel.max_m + 1:
+        return f"its large-M kernel above M={kernel.max_m}{above}"
+    return (f"dequantize + cuBLAS for M={kernel.max_m + 1}-{hi - 1}, its large-M kernel "
+            f"from M={hi}{above}")
 
 
 def choose_kernel(layer: torch.nn.Module, group_size: int):

@@ -303,3 +303,31 @@ def test_a_listed_module_stored_packed_is_refused_naming_it():
     dense = torch.randn(8, 64)
     layer.weight.weight_loader(layer.weight, dense)  # a dense weight loads as before
     assert torch.equal(layer.weight.data, dense)
+
+
+def test_large_m_routes_name_where_the_large_m_kernel_takes_over(monkeypatch):
+    """The kernel log line says what the fused kernel does above its max_m, from the route
+    it takes at each M (Hopper's large-M kernel from some M on, else dequantize + cuBLAS)."""
+    from ternary import ops
+    from ternary.vllm import linear
+
+    class Fused:
+        name, max_m = "fused", 128
+
+        def __init__(self, first):
+            self.first = first
+
+        def route(self, m, n, k):
+            return self.name if m <= self.max_m or m >= self.first else "fused>cublas"
+
+    monkeypatch.delenv(ops.LARGE_M_ENV, raising=False)
+    assert linear.large_m_routes(Fused(300), 48, 160) == (
+        "dequantize + cuBLAS for M=129-299, its large-M kernel from M=300")
+    assert linear.large_m_routes(Fused(129), 48, 160) == "its large-M kernel above M=128"
+    assert linear.large_m_routes(Fused(10**9), 48, 160) == "dequantize + cuBLAS above M=128"
+    monkeypatch.setenv(ops.LARGE_M_ENV, "1000")
+    assert linear.large_m_routes(Fused(300), 48, 160) == (
+        "dequantize + cuBLAS for M=129-299, its large-M kernel from M=300, dequantize + "
+        "cuBLAS above M=1000 (TERNARY_LARGE_M_MAX)")
+    monkeypatch.setenv(ops.LARGE_M_ENV, "200")
+    assert linear.large_m_routes(Fused(300), 48, 160) == "dequantize + cuBLAS above M=128"
