@@ -1589,7 +1589,10 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       // once its "full" phase completed, i.e. once the producer has passed its empty wait:
       // released earlier, that stage's barrier could complete two phases before the producer
       // polls it, and the parity it waits for would then never come (3 hangs in about
-      // 31,000 launches at M = 16384, K = 5504: ternary.kernel_soak, twenty-second session)
+      // 31,000 launches at M = 16384, K = 5504: ternary.kernel_soak, twenty-second session).
+      // The wait needs the pad's previous round released already, which is not so where
+      // that round is a held stage (k tiles one more than whole rounds of S): the launcher
+      // never runs this kernel there (wgmma_big_persistent).
       for (int kt = kt_count; kt < kt_ring; ++kt) {
         mbar_wait(full(kt % S), (uint32_t)((g0 + kt) / S) & 1);
         mbar_arrive(empty(kt % S));
@@ -1710,6 +1713,19 @@ template <int BNX, int S> constexpr int wgmma_big_smem() {
   return S * BNX * kTileK * 2 + 8 * kBigConsumers * 16 + 2 * S * 8 + 1024;
 }
 
+// Whether a wgmma_big launch of `count` tiles of bnx tokens, K split z ways over k_tiles k
+// tiles, runs the persistent kernel (one block an SM over the tiles): 256-token tiles past a
+// wave, unsplit. The persistent kernel keeps two stages of a tile for its output, so it needs
+// two k tiles; and not where the k tiles are one more than whole rounds of the ring's S
+// stages: there the last pad stage follows the first held one, and the consumers, who wait
+// for a pad's "full" phase before releasing it, would wait on a producer that waits for the
+// held stage (a certain deadlock, found by review in the twenty-second session: e.g. K = 2752,
+// Llama-2-7B's down_proj at TP=4). TERNARY_PERSISTENT=0 turns it off.
+bool wgmma_big_persistent(int bnx, int stages, int z, int64_t count, int sms, int64_t k_tiles) {
+  return bnx == kBigRows && z == 1 && count > sms && k_tiles >= 2 && k_tiles % stages != 1 &&
+         persistent_allowed();
+}
+
 // tail 0: every tile split `splits` ways (1: none). tail > 0: the first tiles unsplit, then
 // the last `tail` tiles (the partial wave) split `splits` ways in a second launch.
 template <typename T, int BNX, int S, int ABL = 0>
@@ -1747,10 +1763,7 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   // kernel, us: 4096 x 22016 (tail split) 36.37 -> 33.73, 11008 x 4096 (split) 19.36 -> 17.61,
   // 4096 x 6144 16.24 -> 14.72, 4096 x 4096 12.25 -> 10.75.
   auto run = [&](int64_t tile0, int64_t count, int z, bool follows) {
-    // 256-token tiles past a wave, unsplit: one block an SM over the tiles (the persistent
-    // kernel keeps two stages of a tile for its output, so it needs two k tiles)
-    const bool p = BNX == kBigRows && z == 1 && count > sms && k / kTileK >= 2 &&
-                   persistent_allowed();
+    const bool p = wgmma_big_persistent(BNX, S, z, count, sms, k / kTileK);
     const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);
     cudaError_t e = launch_k(p ? persistent : kernel, grid, dim3(384), kSmem, stream, follows,
                              reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias,
@@ -2243,11 +2256,19 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
 }
 
 void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms,
-                     int* tokens, int* splits) {
+                     int* tokens, int* splits, bool* persistent) {
   const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
   const bool wg = r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig;
   *tokens = wg ? r.wg.bnx : 0;
   *splits = wg ? r.wg.splits : 1;
+  *persistent = false;
+  if (r.kernel == FusedKernel::kWgmmaBig) {  // launch_wgmma_big's first (or only) launch
+    const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
+    const bool tail = r.wg.tail > 0 && r.wg.splits > 1;
+    const int stages = r.wg.bnx == kBigRows ? kBigStages : 8;
+    *persistent = wgmma_big_persistent(r.wg.bnx, stages, tail ? 1 : r.wg.splits,
+                                       tail ? tiles - r.wg.tail : tiles, num_sms, k / kTileK);
+  }
 }
 
 bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {

@@ -55,9 +55,10 @@ int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t gro
 // "wgmma_big", "wgmma_big_splitk").
 const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);
 // The tile of the tensor-core routes (wgmma_rs, wgmma_big) for this call: tokens a block and
-// the K split; 0 tokens for the other routes.
+// the K split; 0 tokens for the other routes. persistent: wgmma_big runs its persistent kernel
+// (one block an SM over the tiles).
 void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms,
-                     int* tokens, int* splits);
+                     int* tokens, int* splits, bool* persistent);
 // Whether this call takes wgmma_big (split or not), the one fused kernel that beats
 // dequantize + cuBLAS above M = 128 (linear_fused then keeps the fused route past its max_m).
 bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);

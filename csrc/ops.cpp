@@ -406,7 +406,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   // The kernel ternary::gemm_fused picks for x [m, k] and n outputs on that CUDA device, with
-  // the tile of its tensor-core routes: tokens a block (0 off those routes) and K split.
+  // the tile of its tensor-core routes: tokens a block (0 off those routes), K split, and
+  // whether wgmma_big runs its persistent kernel.
   m.def("fused_plan", [](int64_t m, int64_t n, int64_t k, int64_t group_size, int64_t device) {
     const int64_t devices = c10::cuda::device_count();
     TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && group_size >= 0 && device >= 0 && device < devices,
@@ -416,11 +417,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
     int tokens = 0, splits = 1;
-    ternary::gemm_fused_plan(m, n, (k + 63) / 64 * 64, group_size, sms, &tokens, &splits);
+    bool persistent = false;
+    ternary::gemm_fused_plan(m, n, (k + 63) / 64 * 64, group_size, sms, &tokens, &splits,
+                             &persistent);
     pybind11::dict d;
     d["route"] = ternary::gemm_fused_route(m, n, (k + 63) / 64 * 64, group_size, sms);
     d["tokens"] = tokens;
     d["splits"] = splits;
+    d["persistent"] = persistent;
     return d;
   });
 }

@@ -527,7 +527,7 @@ def test_wgmma_big_route_matches_float64(m):
     if hopper:
         plan = _ext.fused_plan(m, n, k, 0, 0)
         splits = ts if route == "wgmma_big_tail" else 1
-        assert plan == {"route": route, "tokens": 128, "splits": splits}, \
+        assert plan == {"route": route, "tokens": 128, "splits": splits, "persistent": False}, \
             f"m={m} n={n} k={k}: plan {plan}"
     _fused_with_bias_matches(m, n, k, "channel", torch.float16, route)
     n, k = cases[0][:2]
@@ -615,15 +615,40 @@ def test_fused_route_outside_the_hopper_range():
         assert _ext.fused_route(128, 512, 4096, 0, 0) == "wgmma_rs_splitk"  # 4 blocks
         assert _ext.fused_route(1024, 4096, 4096, 0, 0) == "wgmma_big"
         assert _ext.fused_plan(256, 4096, 4096, 0, 0) == {  # 64 blocks of 128 tokens x 2
-            "route": "wgmma_big_splitk", "tokens": 128, "splits": 2}
+            "route": "wgmma_big_splitk", "tokens": 128, "splits": 2, "persistent": False}
         assert _ext.fused_route(256, 1024, 4096, 0, 0) == "fused_gemm_nt"  # 8 blocks
         assert _ext.fused_route(1024, 4096, 4096, 64, 0) == "fused_gemm"  # group scales
         assert _ext.fused_plan(64, 4096, 4096, 0, 0) == {"route": "wgmma_big_splitk",
-                                                          "tokens": 64, "splits": 4}
+                                                          "tokens": 64, "splits": 4,
+                                                          "persistent": False}
         assert _ext.fused_plan(1024, 4096, 4096, 0, 0)["tokens"] == 256  # under a wave
-    assert _ext.fused_plan(1, 1024, 4096, 0, 0) == {"route": "decode", "tokens": 0, "splits": 1}
+    assert _ext.fused_plan(1, 1024, 4096, 0, 0) == {"route": "decode", "tokens": 0, "splits": 1,
+                                                    "persistent": False}
     with pytest.raises(RuntimeError, match="m=-1 n=4096"):
         _ext.fused_plan(-1, 4096, 4096, 0, 0)
+
+
+@pytest.mark.parametrize("k_tiles", [7, 9, 10, 11, 12, 43])
+def test_persistent_large_m_kernel_over_every_ring_residue(k_tiles):
+    """The persistent wgmma_big kernel rounds each tile's k tiles up to whole rounds of its
+    6-stage ring (pad stages) and holds a tile's last two stages for its output. K of 7, 9,
+    10, 11, 12 and 43 k tiles (43: Llama-2-7B's down_proj at TP=4) cover every remainder mod
+    6; one more than whole rounds (7, 43) must not take the persistent kernel, where its last
+    pad would wait on a held stage (fused.cu, wgmma_big_persistent); the others take it. Each
+    must finish and match float64, a block taking several tiles."""
+    from ternary import _ext
+
+    if not _hopper_route_expected():
+        pytest.skip("the persistent kernel is Hopper's (sm_90a)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m, k = 4096, 64 * k_tiles
+    n = 128 * -(-(5 * sms // 2) // (m // 256))  # 2.5 waves of 256 x 128 tiles
+    plan = _ext.fused_plan(m, n, k, 0, 0)
+    assert plan["route"] == "wgmma_big" and plan["tokens"] == 256, plan
+    assert plan["persistent"] == (k_tiles % 6 != 1), plan
+    _rng(k_tiles)
+    _fused_with_bias_matches(m, n, k, "channel", torch.bfloat16,
+                             f"persistent={plan['persistent']}")
 
 
 @pytest.mark.parametrize("m", [17, 31, 33, 64, 100, 128])
