@@ -2,11 +2,11 @@
 the time is up: a hang that comes once in a few hundred launches shows up here, named by
 shape, launch count and whether the host had queued the kernel or was still launching it.
 
-    python -m ternary.kernel_soak [--m 16384] [--seconds 60] [--gpus 0,1]
+    python -m ternary.kernel_soak [--m 16384] [--tp 2] [--seconds 60] [--gpus 0,1]
                                   [--variants default,nopersist,nopdl,queued] [--json F]
 
 Each variant runs in fresh processes (the C++ switches are read once a process), all GPUs at
-once, Llama-2-7B's per-rank shapes at tensor parallel 2 in turn (ternary.tp_kernels). `sync`
+once, Llama-2-7B's per-rank shapes at tensor parallel --tp in turn (ternary.tp_kernels). `sync`
 variants synchronize after every launch (as tp_kernels --sync, where the twenty-second
 session's hang showed without vLLM); `queued` ones every 16. A process that passes its time
 plus --grace is stopped; its last progress line, nvidia-smi's utilization of its GPU and its
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from ternary.tp_kernels import LLAMA7B_TP2, TOL
+from ternary.tp_kernels import TOL, llama7b_shapes
 
 # name -> (environment, synchronize after every launch)
 VARIANTS = {
@@ -58,7 +58,7 @@ def _child(args) -> int:
     dev = torch.device("cuda", 0)
     torch.manual_seed(args.seed)
     layers = []
-    for name, k, n in LLAMA7B_TP2:
+    for name, k, n in llama7b_shapes(args.tp):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device=dev)
         scale = ((torch.rand(n, device=dev) + 0.5) / k ** 0.5).float()
         x = torch.randn(args.m, k, device=dev, dtype=torch.bfloat16)
@@ -94,8 +94,8 @@ def _child(args) -> int:
 
 
 def _child_command(base: Path, m: int, seconds: float, grace: float, seed: int,
-                   sync: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "ternary.kernel_soak", "--child", "--m", str(m),
+                   sync: bool, tp: int = 2) -> list[str]:
+    cmd = [sys.executable, "-m", "ternary.kernel_soak", "--child", "--m", str(m), "--tp", str(tp),
            "--seconds", str(seconds), "--grace", str(grace), "--seed", str(seed),
            "--progress", str(base.with_suffix(".progress")),
            "--stack", str(base.with_suffix(".stack"))]
@@ -112,7 +112,7 @@ def _utilization(gpu: int) -> str:
 
 
 def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float,
-                workdir: Path, seed: int, startup: float = 60) -> list[dict]:
+                workdir: Path, seed: int, startup: float = 60, tp: int = 2) -> list[dict]:
     """One process a GPU under variant `name`; a row a GPU: ok, hung, launches, the last
     progress line, and for a hung one its GPU's utilization and Python stack."""
     if name not in VARIANTS:
@@ -124,7 +124,7 @@ def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float
         for suffix in (".progress", ".stack", ".err"):
             base.with_suffix(suffix).unlink(missing_ok=True)
         env = {**os.environ, **env_extra, "CUDA_VISIBLE_DEVICES": str(gpu)}
-        cmd = _child_command(base, m, seconds, grace, seed + gpu, sync)
+        cmd = _child_command(base, m, seconds, grace, seed + gpu, sync, tp)
         err = open(base.with_suffix(".err"), "w")  # noqa: SIM115 (closed below)
         procs.append((gpu, base, err, subprocess.Popen(cmd, env=env, stderr=err,
                                                        stdout=subprocess.DEVNULL)))
@@ -151,7 +151,7 @@ def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float
             else ""
         tail = base.with_suffix(".err").read_text()[-2000:]
         out.append({
-            "variant": name, "gpu": gpu, "m": m, "sync": sync, "env": env_extra,
+            "variant": name, "gpu": gpu, "m": m, "tp": tp, "sync": sync, "env": env_extra,
             "ok": not hung and p.returncode == 0, "hung": hung, "returncode": p.returncode,
             "launches": len(launches), "last": lines[-1] if lines else "(never started)",
             "checks": errors, "utilization": util, "stack": stack if hung else "",
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ternary.kernel_soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--m", type=int, default=16384, help="token count (rows of x)")
+    p.add_argument("--tp", type=int, default=2,
+                   help="Llama-2-7B's per-rank shapes at this tensor parallel size (1, 2, 4)")
     p.add_argument("--seconds", type=float, default=60, help="launching time a variant")
     p.add_argument("--grace", type=float, default=20,
                    help="seconds past --seconds before a process counts as hung")
@@ -186,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.m < 1 or args.seconds <= 0:
         print(f"error: --m {args.m} and --seconds {args.seconds} must be positive",
               file=sys.stderr)
+        return 2
+    try:
+        llama7b_shapes(args.tp)
+    except ValueError as e:
+        print(f"error: --tp {args.tp}: {e}", file=sys.stderr)
         return 2
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = [v for v in variants if v not in VARIANTS]
@@ -216,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             bar.update(task, description=f"{v}: {len(gpus)} GPU(s), {args.seconds:.0f} s")
             t0 = time.time()
-            res = run_variant(v, gpus, args.m, args.seconds, args.grace, workdir, args.seed)
+            res = run_variant(v, gpus, args.m, args.seconds, args.grace, workdir, args.seed,
+                              tp=args.tp)
             for r in res:
                 r["seconds"] = round(time.time() - t0, 1)
             rows += res
             bar.advance(task)
-    t = Table(title=f"kernel soak: linear_fused, Llama-2-7B TP=2 shapes, M={args.m}")
+    t = Table(title=f"kernel soak: linear_fused, Llama-2-7B TP={args.tp} shapes, M={args.m}")
     for c in ("variant", "gpu", "result", "launches", "last progress line", "GPU util, mem"):
         t.add_column(c)
     for r in rows:
@@ -235,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["stderr_tail"]:
             console.print(f"[bold]{r['variant']} GPU {r['gpu']}: stderr[/]\n{r['stderr_tail']}")
     if args.json:
-        args.json.write_text(json.dumps({"m": args.m, "seconds": args.seconds, "rows": rows},
-                                        indent=2) + "\n")
+        doc = {"m": args.m, "tp": args.tp, "seconds": args.seconds, "rows": rows}
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -26,10 +26,20 @@ import sys
 import time
 from pathlib import Path
 
-# Llama-2-7B's linear layers on one rank of two: (name, K, N) of qkv (column-parallel, merged),
-# o_proj (row-parallel), gate_up (column-parallel, merged) and down_proj (row-parallel)
-LLAMA7B_TP2 = (("qkv", 4096, 6144), ("o_proj", 2048, 4096), ("gate_up", 4096, 11008),
-               ("down_proj", 5504, 4096))
+
+def llama7b_shapes(tp: int) -> tuple[tuple[str, int, int], ...]:
+    """Llama-2-7B's linear layers on one rank of `tp`: (name, K, N) of qkv (column-parallel,
+    merged), o_proj (row-parallel), gate_up (column-parallel, merged) and down_proj
+    (row-parallel)."""
+    hidden, inter = 4096, 11008
+    if tp < 1 or hidden % tp or inter % tp:
+        raise ValueError(f"tensor parallel {tp} does not divide Llama-2-7B's hidden size "
+                         f"{hidden} and intermediate size {inter}")
+    return (("qkv", hidden, 3 * hidden // tp), ("o_proj", hidden // tp, hidden),
+            ("gate_up", hidden, 2 * inter // tp), ("down_proj", inter // tp, hidden))
+
+
+LLAMA7B_TP2 = llama7b_shapes(2)
 DEFAULT_M = (1, 16, 128, 2048, 8192, 16384)
 # bf16 operands and outputs (tests/test_ops_gpu.py: TOL)
 TOL = 1e-2

@@ -18,6 +18,11 @@ def test_unknown_variant_is_named(capsys):
     assert "unknown ['bogus']" in err and "nopersist" in err
 
 
+def test_tensor_parallel_that_does_not_split_llama_is_named(capsys):
+    assert kernel_soak.main(["--tp", "3"]) == 2
+    assert "--tp 3: tensor parallel 3 does not divide" in capsys.readouterr().err
+
+
 def test_bad_token_count_is_named(capsys):
     assert kernel_soak.main(["--m", "0"]) == 2
     assert "--m 0" in capsys.readouterr().err
@@ -44,7 +49,7 @@ def test_a_child_that_stops_is_reported_hung_with_its_last_op(tmp_path, monkeypa
               "open(sys.argv[1], 'a').write('launch 7 down_proj M=16384 K=5504 N=4096\\n')\n"
               "time.sleep(600)\n")
 
-    def command(base, m, seconds, grace, seed, sync):
+    def command(base, m, seconds, grace, seed, sync, tp):
         return [sys.executable, "-c", script, str(base.with_suffix(".progress")),
                 str(base.with_suffix(".stack"))]
 

@@ -82,3 +82,12 @@ def test_pynccl_without_vllm_is_refused(monkeypatch):
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(tp_kernels.TpKernelsError, match="vLLM is not importable"):
         tp_kernels.run(2, (1,), comm="pynccl")
+
+
+def test_llama7b_shapes_per_rank():
+    assert tp_kernels.LLAMA7B_TP2 == (("qkv", 4096, 6144), ("o_proj", 2048, 4096),
+                                      ("gate_up", 4096, 11008), ("down_proj", 5504, 4096))
+    # TP=4: down_proj's K of 43 k tiles, one more than whole rounds of wgmma_big's 6 stages
+    assert tp_kernels.llama7b_shapes(4)[3] == ("down_proj", 2752, 4096)
+    with pytest.raises(ValueError, match="tensor parallel 3 does not divide"):
+        tp_kernels.llama7b_shapes(3)

@@ -390,13 +390,15 @@ stage_tp_kernels() {
 
 # linear_fused launched over and over on every GPU at once (ternary.kernel_soak), variants
 # SOAK_VARIANTS (default: sync after each launch; queued; nopersist; nopdl; cublas), SOAK_S
-# seconds each at SOAK_M tokens: a kernel that does not finish is named by shape and count
+# seconds each at SOAK_M tokens on Llama-2-7B's per-rank shapes at TP=SOAK_TP (2): a kernel
+# that does not finish is named by shape and count
 stage_soak() {
   need ternary || { record soak 1 0 "prerequisite missing (see above)"; return 1; }
   local n vs=${SOAK_VARIANTS:-default,queued,nopersist,nopdl} s=${SOAK_S:-45}
   n=$(( $(tr -cd , <<< "$vs" | wc -c) + 1 ))
   run_step soak $(( n * (s + 100) )) 30 "$VPY" -P -m ternary.kernel_soak --m "${SOAK_M:-16384}" \
-    --seconds "$s" --variants "$vs" --workdir "$W/soak" --json "$W/results/soak.json"
+    --tp "${SOAK_TP:-2}" --seconds "$s" --variants "$vs" --workdir "$W/soak" \
+    --json "$W/results/soak.json"
 }
 
 # Ternary at TP=$TP in bench-serve's offline engine, in variants. It stopped in the twentieth
