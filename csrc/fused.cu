@@ -1446,12 +1446,12 @@ __global__ void wgmma_rs_finish_kernel(const float* __restrict__ ws, const T* __
 // the producer loads the next tile's first stages while the consumers finish this one. Each
 // tile's k steps are rounded up to whole rounds of S (the producer completes the pad stages'
 // "full" phase without a load, the consumers wait for it and release them unread), which
-// keeps every stage index and descriptor a compile-time constant in the unrolled loop. The consumers keep the
-// last two stages of a tile, write the output tile into them (a warpgroup's half a stage),
-// and release them after the stores; the next tile's first weight pieces are fetched before
-// the epilogue. ABL (kernel_lab's timing-only ablations, wrong results): 1 no decode (A kept
-// from the tile's first k tile), 2 no weight loads and no decode, 3 no wgmma (the fence,
-// commit and wait kept).
+// keeps every stage index and descriptor a compile-time constant in the unrolled loop. The
+// consumers keep the last two stages of a tile, write the output tile into them (a
+// warpgroup's half a stage), and release them after the stores; the next tile's first weight
+// pieces are fetched before the epilogue. ABL (kernel_lab's timing-only ablations, wrong
+// results): 1 no decode (A kept from the tile's first k tile), 2 no weight loads and no
+// decode, 3 no wgmma (the fence, commit and wait kept).
 template <typename T, int BNX, int S, bool P, int ABL = 0>
 __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
@@ -2265,8 +2265,8 @@ void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int nu
   if (r.kernel == FusedKernel::kWgmmaBig) {  // launch_wgmma_big's first (or only) launch
     const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
     const bool tail = r.wg.tail > 0 && r.wg.splits > 1;
-    const int stages = r.wg.bnx == kBigRows ? kBigStages : 8;
-    *persistent = wgmma_big_persistent(r.wg.bnx, stages, tail ? 1 : r.wg.splits,
+    // (only 256-token tiles run persistent, and those take the kBigStages ring)
+    *persistent = wgmma_big_persistent(r.wg.bnx, kBigStages, tail ? 1 : r.wg.splits,
                                        tail ? tiles - r.wg.tail : tiles, num_sms, k / kTileK);
   }
 }
