@@ -95,8 +95,8 @@ def _child(args) -> int:
 
 def _child_command(base: Path, m: int, seconds: float, grace: float, seed: int,
                    sync: bool, tp: int = 2) -> list[str]:
-    cmd = [sys.executable, "-m", "ternary.kernel_soak", "--child", "--m", str(m), "--tp", str(tp),
-           "--seconds", str(seconds), "--grace", str(grace), "--seed", str(seed),
+    cmd = [sys.executable, "-m", "ternary.kernel_soak", "--child", "--m", str(m),
+           "--tp", str(tp), "--seconds", str(seconds), "--grace", str(grace), "--seed", str(seed),
            "--progress", str(base.with_suffix(".progress")),
            "--stack", str(base.with_suffix(".stack"))]
     return cmd + ["--sync"] if sync else cmd
@@ -104,9 +104,10 @@ def _child_command(base: Path, m: int, seconds: float, grace: float, seed: int,
 
 def _utilization(gpu: int) -> str:
     try:
-        return subprocess.run(
-            ["nvidia-smi", "-i", str(gpu), "--query-gpu=utilization.gpu,memory.used",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=False).stdout.strip()
+        r = subprocess.run(["nvidia-smi", "-i", str(gpu), "--format=csv,noheader",
+                            "--query-gpu=utilization.gpu,memory.used"],
+                           capture_output=True, text=True, timeout=20, check=False)
+        return r.stdout.strip()
     except (OSError, subprocess.SubprocessError) as e:
         return f"(nvidia-smi: {e})"
 
@@ -146,7 +147,7 @@ def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float
         lines = base.with_suffix(".progress").read_text().splitlines() \
             if base.with_suffix(".progress").exists() else []
         launches = [ln for ln in lines if ln.startswith("launch ")]
-        errors = [ln for ln in lines if ln.startswith("check ")]
+        checks = [ln for ln in lines if ln.startswith("check ")]
         stack = base.with_suffix(".stack").read_text() if base.with_suffix(".stack").exists() \
             else ""
         tail = base.with_suffix(".err").read_text()[-2000:]
@@ -154,7 +155,7 @@ def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float
             "variant": name, "gpu": gpu, "m": m, "tp": tp, "sync": sync, "env": env_extra,
             "ok": not hung and p.returncode == 0, "hung": hung, "returncode": p.returncode,
             "launches": len(launches), "last": lines[-1] if lines else "(never started)",
-            "checks": errors, "utilization": util, "stack": stack if hung else "",
+            "checks": checks, "utilization": util, "stack": stack if hung else "",
             "stderr_tail": tail if p.returncode not in (0, None) or hung else ""})
     return out
 
