@@ -18,6 +18,11 @@ def test_unknown_variant_is_named(capsys):
     assert "unknown ['bogus']" in err and "nopersist" in err
 
 
+def test_run_variant_refuses_an_unknown_variant(tmp_path):
+    with pytest.raises(kernel_soak.SoakError, match="unknown variant 'fast'; variants: default"):
+        kernel_soak.run_variant("fast", [0], 64, 1, 1, tmp_path, seed=0)
+
+
 def test_tensor_parallel_that_does_not_split_llama_is_named(capsys):
     assert kernel_soak.main(["--tp", "3"]) == 2
     assert "--tp 3: tensor parallel 3 does not divide" in capsys.readouterr().err
