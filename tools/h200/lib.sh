@@ -404,8 +404,8 @@ stage_soak() {
 # Ternary at TP=$TP in bench-serve's offline engine, in variants. It stopped in the twentieth
 # and twenty-first sessions, in vLLM's 16384-token profiling run: the persistent wgmma_big
 # kernel could hang (fixed in the twenty-second session; bench/NOTES.md). Variants
-# (TP_HANG_VARIANTS, in order): default (as shipped: CUDA graphs, vLLM's custom all-reduce,
-# the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the same unless the
+# (TP_HANG_VARIANTS, in order; unset: default only): default (as shipped: CUDA graphs,
+# vLLM's custom all-reduce, the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the same unless the
 # environment sets a limit), nopdl / nopersist (uncapped, with TERNARY_PDL=0 /
 # TERNARY_PERSISTENT=0), blocking (uncapped, eager, CUDA_LAUNCH_BLOCKING=1: a stop names the
 # op), tokens8192 (uncapped, a server's 8192 tokens a step), cublas (TERNARY_KERNEL=cublas),
@@ -416,7 +416,7 @@ stage_tp_hang() {
   need_gpus tp-hang || return 1
   export TERNARY_STACKS_ON_SIGUSR1=1  # these steps only (unset below)
   local v t extra envs cap=${TP_HANG_STEP_S:-200}
-  for v in ${TP_HANG_VARIANTS:-default uncapped nopdl}; do
+  for v in ${TP_HANG_VARIANTS:-default}; do
     extra="" envs=""
     case $v in
       default) ;;
