@@ -52,7 +52,12 @@ for dtype in (torch.bfloat16, torch.float16):
                        (129, 128 * (SMS + 2) - 50, 2048, 0),
                        # persistent with 256-token tiles (1.75 waves, 10 k tiles: 2 pad
                        # stages a tile), N % 8 != 0
-                       (129, 128 * (7 * SMS // 4) - 76, 640, 0)):
+                       (129, 128 * (7 * SMS // 4) - 76, 640, 0),
+                       # ... 11 k tiles (one pad stage, released after its full phase); 7
+                       # k tiles (one more than a ring round: sent to the non-persistent
+                       # kernel, wgmma_big_persistent)
+                       (129, 128 * (7 * SMS // 4) - 76, 704, 0),
+                       (129, 128 * (7 * SMS // 4) - 76, 448, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
         scale = torch.rand(n, -(-k // g), device="cuda") if g else torch.rand(n, device="cuda")
         packed = ops.pack(codes)
