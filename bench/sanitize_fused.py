@@ -54,8 +54,8 @@ for dtype in (torch.bfloat16, torch.float16):
                        # stages a tile), N % 8 != 0
                        (129, 128 * (7 * SMS // 4) - 76, 640, 0),
                        # ... 11 k tiles (one pad stage, released after its full phase); 7
-                       # k tiles (one more than a ring round: sent to the non-persistent
-                       # kernel, wgmma_big_persistent)
+                       # k tiles (one more than a ring round: the last pad follows a held
+                       # stage and is released after the store)
                        (129, 128 * (7 * SMS // 4) - 76, 704, 0),
                        (129, 128 * (7 * SMS // 4) - 76, 448, 0)):
         codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")

@@ -1590,10 +1590,13 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       // released earlier, that stage's barrier could complete two phases before the producer
       // polls it, and the parity it waits for would then never come (3 hangs in about
       // 31,000 launches at M = 16384, K = 5504: ternary.kernel_soak, twenty-second session).
-      // The wait needs the pad's previous round released already, which is not so where
-      // that round is a held stage (k tiles one more than whole rounds of S): the launcher
-      // never runs this kernel there (wgmma_big_persistent).
+      // That wait needs the pad's previous round released. Where the k tiles are one more
+      // than whole rounds of S, the last pad's previous round is the first held stage: that
+      // pad is released after the store (waiting for it here would wait on a producer that
+      // waits for the held stage).
+      const int held_pad = kt_count - 2 + S;  // the one pad whose last round is held, if any
       for (int kt = kt_count; kt < kt_ring; ++kt) {
+        if (kt == held_pad) continue;
         mbar_wait(full(kt % S), (uint32_t)((g0 + kt) / S) & 1);
         mbar_arrive(empty(kt % S));
       }
@@ -1610,6 +1613,10 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       mbar_arrive(empty((last + S - 1) % S));
       mbar_arrive(empty(last));
+      if (held_pad < kt_ring) {
+        mbar_wait(full(held_pad % S), (uint32_t)((g0 + held_pad) / S) & 1);
+        mbar_arrive(empty(held_pad % S));
+      }
     }
   }
 #endif
@@ -1716,14 +1723,9 @@ template <int BNX, int S> constexpr int wgmma_big_smem() {
 // Whether a wgmma_big launch of `count` tiles of bnx tokens, K split z ways over k_tiles k
 // tiles, runs the persistent kernel (one block an SM over the tiles): 256-token tiles past a
 // wave, unsplit. The persistent kernel keeps two stages of a tile for its output, so it needs
-// two k tiles; and not where the k tiles are one more than whole rounds of the ring's S
-// stages: there the last pad stage follows the first held one, and the consumers, who wait
-// for a pad's "full" phase before releasing it, would wait on a producer that waits for the
-// held stage (a certain deadlock, found by review in the twenty-second session: e.g. K = 2752,
-// Llama-2-7B's down_proj at TP=4). TERNARY_PERSISTENT=0 turns it off.
-bool wgmma_big_persistent(int bnx, int stages, int z, int64_t count, int sms, int64_t k_tiles) {
-  return bnx == kBigRows && z == 1 && count > sms && k_tiles >= 2 && k_tiles % stages != 1 &&
-         persistent_allowed();
+// two k tiles. TERNARY_PERSISTENT=0 turns it off.
+bool wgmma_big_persistent(int bnx, int z, int64_t count, int sms, int64_t k_tiles) {
+  return bnx == kBigRows && z == 1 && count > sms && k_tiles >= 2 && persistent_allowed();
 }
 
 // tail 0: every tile split `splits` ways (1: none). tail > 0: the first tiles unsplit, then
@@ -1763,7 +1765,7 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   // kernel, us: 4096 x 22016 (tail split) 36.37 -> 33.73, 11008 x 4096 (split) 19.36 -> 17.61,
   // 4096 x 6144 16.24 -> 14.72, 4096 x 4096 12.25 -> 10.75.
   auto run = [&](int64_t tile0, int64_t count, int z, bool follows) {
-    const bool p = wgmma_big_persistent(BNX, S, z, count, sms, k / kTileK);
+    const bool p = wgmma_big_persistent(BNX, z, count, sms, k / kTileK);
     const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);
     cudaError_t e = launch_k(p ? persistent : kernel, grid, dim3(384), kSmem, stream, follows,
                              reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias,
@@ -2265,8 +2267,7 @@ void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int nu
   if (r.kernel == FusedKernel::kWgmmaBig) {  // launch_wgmma_big's first (or only) launch
     const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
     const bool tail = r.wg.tail > 0 && r.wg.splits > 1;
-    // (only 256-token tiles run persistent, and those take the kBigStages ring)
-    *persistent = wgmma_big_persistent(r.wg.bnx, kBigStages, tail ? 1 : r.wg.splits,
+    *persistent = wgmma_big_persistent(r.wg.bnx, tail ? 1 : r.wg.splits,
                                        tail ? tiles - r.wg.tail : tiles, num_sms, k / kTileK);
   }
 }
