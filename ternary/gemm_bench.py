@@ -8,6 +8,13 @@ limit in the M = 4096 cells and runs at 1.4-1.65 GHz instead of 1.98 for a while
 so without the pause a cell's numbers depended on the cell before it (thirteenth session,
 bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
 
+The timed replays then stop after `window_ms` of GPU time (at least 3 replays): the power
+limiter lowers the clock about 50 ms into a burst of large-M calls (bench/burst_trace.py), so
+a kernel whose graph holds more weight copies (on 4096 x 22016 the 2-bit weights rotate
+through 9, the bf16 ones through 2) was timed over more of its burst, at a lower clock than
+cuBLAS (twenty-fourth session). With the window, every kernel is timed at the clock it starts at;
+`--sustain` times them all at the clock they settle at.
+
 The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
 over the copy bandwidth measured in the same run, and the bf16 compute floor 2 M N K over the
 bf16 matmul rate measured there; "floor %" is the larger of the two over the time of `auto`
@@ -26,6 +33,8 @@ import torch
 SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
 M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
+WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
+MIN_REPLAYS = 3
 METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "gemlite")
 
 
@@ -73,10 +82,20 @@ def measure_bf16_flops(device, size: int = 8192) -> float:
     return 2 * size**3 * 10 / (s.elapsed_time(e) / 1e3)
 
 
-def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0) -> float:
+def replays_in_window(replay_ms: float, window_ms: float, replays: int) -> int:
+    """How many of `replays` timed replays fit in `window_ms` of GPU time (at least
+    MIN_REPLAYS, or `replays` if fewer); window_ms 0 means no window."""
+    if window_ms <= 0 or replay_ms <= 0:
+        return replays
+    return max(min(MIN_REPLAYS, replays), min(replays, int(window_ms // replay_ms)))
+
+
+def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: float = 0.0,
+                 window_ms: float = 0.0) -> float:
     """Median microseconds of one call: a CUDA graph runs every call once (each on its own
-    weight copy), replayed `replays` times; with sustain_s, after replaying for that long
-    first (the clock the kernel's own power draw settles at, as in a long prefill)."""
+    weight copy), replayed up to `replays` times within `window_ms` of GPU time, after
+    `settle_s` idle seconds; with sustain_s, after replaying for that long instead (the clock
+    the kernel's own power draw settles at, as in a long prefill), all `replays` times."""
     for c in calls:  # warm-up outside capture (autotuners, lazy init)
         c()
     torch.cuda.synchronize()
@@ -84,12 +103,22 @@ def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0) -> float:
     with torch.cuda.graph(graph):
         for c in calls:
             c()
-    for _ in range(3):
+    for _ in range(2):
         graph.replay()
-    t_end = time.perf_counter() + sustain_s
-    while time.perf_counter() < t_end:
-        graph.replay()
-        torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    graph.replay()
+    e.record()
+    e.synchronize()
+    replay_ms = s.elapsed_time(e)
+    if sustain_s > 0:
+        t_end = time.perf_counter() + sustain_s
+        while time.perf_counter() < t_end:
+            graph.replay()
+            torch.cuda.synchronize()
+    else:
+        time.sleep(settle_s)
+        replays = replays_in_window(replay_ms, window_ms, replays)
     times = []
     for _ in range(replays):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -119,9 +148,11 @@ def _gemlite_layers(codes_list, scale_value: float, dtype):
 
 def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = True,
         replays: int = 20, progress: bool = True, partial_json: str | None = None,
-        settle_s: float = SETTLE_S, sustain_s: float = 0.0) -> dict:
-    """Times every (shape, M), each kernel after `settle_s` idle seconds; with partial_json,
-    rewrites that file after each row so a run cut short still leaves its numbers."""
+        settle_s: float = SETTLE_S, sustain_s: float = 0.0,
+        window_ms: float = WINDOW_MS) -> dict:
+    """Times every (shape, M), each kernel after `settle_s` idle seconds and within
+    `window_ms` of GPU time; with partial_json, rewrites that file after each row so a run
+    cut short still leaves its numbers."""
     from ternary import _ext, kernels, ops
 
     device = torch.device("cuda")
@@ -133,6 +164,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
         "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
         "copy_bandwidth_Bps": bw, "bf16_mm_flops": flops, "torch": torch.__version__,
         "dtype": str(dtype), "replays": replays, "settle_s": settle_s, "sustain_s": sustain_s,
+        "window_ms": 0.0 if sustain_s else window_ms,
         "gemlite": None,
         "gemlite_error": None,
     }
@@ -191,9 +223,9 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                     cases["gemlite"] = [lambda lay=lay, x=x: lay(x) for lay in layers]
                 for name, calls in cases.items():
                     torch.cuda.synchronize()
-                    time.sleep(settle_s)
                     try:
-                        row.us[name] = time_rotated(calls, replays, sustain_s)
+                        row.us[name] = time_rotated(calls, replays, sustain_s, settle_s,
+                                                    window_ms)
                     except Exception as e:
                         row.us[name] = None
                         if name == "gemlite":
@@ -246,9 +278,16 @@ def render(result: dict) -> None:
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
-    if meta.get("settle_s"):
+    if meta.get("settle_s") and not meta.get("sustain_s"):
         console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at the "
                       "lower clock the previous cell's power draw left")
+    if meta.get("window_ms"):
+        console.print(f"each kernel timed within its first {meta['window_ms']:g} ms of GPU time "
+                      "(at least 3 replays), before the power limiter lowers the clock")
+    elif not meta.get("sustain_s"):
+        why = "--window 0" if "window_ms" in meta else "a run before the window existed"
+        console.print(f"no timing window ({why}): kernels whose graphs run longer were timed "
+                      "further into their burst, at a lower clock")
     if meta.get("sustain_s"):
         console.print(f"each kernel ran {meta['sustain_s']:g} s before its timing: the clock its "
                       "own power draw settles at, as in a long prefill")
@@ -275,6 +314,9 @@ def add_arguments(p) -> None:
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--settle", type=float, default=SETTLE_S, metavar="SECONDS",
                    help=f"idle pause before each timing (default {SETTLE_S}; 0 for none)")
+    p.add_argument("--window", type=float, default=WINDOW_MS, metavar="MS",
+                   help=f"GPU time each timing may take, at least 3 replays (default "
+                   f"{WINDOW_MS:g}: before the power limiter; 0 for all --replays)")
     p.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                    help="run each kernel this long before timing it (steady-state clocks)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here (with "
@@ -346,6 +388,8 @@ def run_cli(args) -> int:
         raise SystemExit(f"--m {args.m} and --replays {args.replays}: give positive numbers")
     if not 0 <= args.settle <= 10:
         raise SystemExit(f"--settle {args.settle}: give idle seconds between 0 and 10")
+    if not 0 <= args.window <= 10000:
+        raise SystemExit(f"--window {args.window}: give milliseconds between 0 and 10000")
     if not 0 <= args.sustain <= 60:
         raise SystemExit(f"--sustain {args.sustain}: give seconds between 0 and 60")
     if not torch.cuda.is_available():
@@ -353,7 +397,8 @@ def run_cli(args) -> int:
                          "(use --render PATH to print a saved run)")
     t0 = time.time()
     result = run(shapes, args.m, getattr(torch, args.dtype), not args.no_gemlite, args.replays,
-                 partial_json=args.json, settle_s=args.settle, sustain_s=args.sustain)
+                 partial_json=args.json, settle_s=args.settle, sustain_s=args.sustain,
+                 window_ms=args.window)
     result["meta"]["wall_s"] = time.time() - t0
     render(result)
     if args.json:

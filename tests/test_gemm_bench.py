@@ -71,6 +71,41 @@ def test_bad_sustain():
         cli.main(["bench", "--sustain", "-1", "--shapes", "64x64", "--m", "1"])
 
 
+@pytest.mark.parametrize("value", ["-1", "10001"])
+def test_bad_window(value):
+    with pytest.raises(SystemExit, match=f"--window {float(value)}"):
+        cli.main(["bench", "--window", value, "--shapes", "64x64", "--m", "1"])
+
+
+@pytest.mark.parametrize("replay_ms,window_ms,replays,expected", [
+    (0.08, 20.0, 20, 20),   # short calls: all replays fit
+    (1.8, 20.0, 20, 11),    # cuBLAS at M = 4096: two 0.9 ms copies a replay
+    (8.3, 20.0, 20, 3),     # the fused kernel at M = 4096: nine copies; never under 3
+    (8.3, 20.0, 2, 2),      # unless fewer were asked for
+    (8.3, 0.0, 20, 20),     # no window
+])
+def test_timed_replays_stop_at_the_window(replay_ms, window_ms, replays, expected):
+    from ternary.gemm_bench import replays_in_window
+
+    assert replays_in_window(replay_ms, window_ms, replays) == expected
+
+
+def test_render_says_which_clock_the_timings_saw(capsys, tmp_path):
+    import json
+
+    result = json.loads((RESULTS / "results-h200.json").read_text())
+    path = tmp_path / "r.json"
+    for window, words in ((20.0, "within its first 20 ms of GPU time"),
+                          (0.0, "no timing window (--window 0)"),
+                          (None, "no timing window (a run before the window existed)")):
+        result["meta"].pop("window_ms", None)
+        if window is not None:
+            result["meta"]["window_ms"] = window
+        path.write_text(json.dumps(result))
+        assert cli.main(["bench", "--render", str(path)]) == 0
+        assert words in capsys.readouterr().out
+
+
 def _result(rows):
     meta = {"device": "GPU X", "dtype": "torch.bfloat16", "copy_bandwidth_Bps": 4e12,
             "bf16_mm_flops": 8e14, "settle_s": 0}
