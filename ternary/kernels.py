@@ -31,8 +31,9 @@ from ternary import _ext, ops
 ENV = "TERNARY_KERNEL"
 
 # Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
-# bench/results-h200.json, H200, every shape of the benchmark: at M = 128 the fused kernel
-# took 19-78 us against the dequantize route's 29-122, at M = 256 38-173 against 30-133),
+# bench/results-h200.json as of commit c6270ca, H200, every shape of the benchmark: at M = 128
+# the fused kernel took 19-78 us against the dequantize route's 29-122, at M = 256 38-173
+# against 30-133),
 # except where the Hopper wgmma_big kernel's grid fills the GPU (csrc/fused.cu, pick_route).
 FUSED_MAX_M = 128
 
