@@ -132,13 +132,20 @@ def trace(calls, ms: float, settle_s: float, nvml: Nvml | None) -> dict:
     return {"us": us, "host_t0": t0, "host_t1": t1, "samples": samples}
 
 
-def summarise(tr: dict) -> list[dict]:
-    """Per window: median us a launch, mean SM MHz, W, reasons seen, cycles a launch."""
-    us = tr["us"]
+def launch_starts(us: list[float]) -> list[float]:
+    """Milliseconds from the first launch's start to each launch's start."""
     starts, t = [], 0.0
     for u in us:
         starts.append(t)
         t += u / 1e3
+    return starts
+
+
+def summarise(tr: dict) -> list[dict]:
+    """Per window: median us a launch, mean SM MHz, W, reasons seen, cycles a launch."""
+    us = tr["us"]
+    starts = launch_starts(us)
+    t = sum(us) / 1e3
     # GPU time 0 is taken as the host time the last launch completed minus the total GPU time
     # (the queue is full long before the GPU starts, so the GPU end is the host's sync return)
     gpu0 = tr["host_t1"] - t / 1e3
@@ -172,8 +179,20 @@ def main(argv=None) -> int:
     p.add_argument("--settle", type=float, default=1.0, help="idle seconds before each burst")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    shapes = []
+    for shape in args.shapes:
+        try:
+            k, n = (int(v) for v in shape.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {shape!r}") from None
+        if k <= 0 or n <= 0 or k % 4:
+            raise SystemExit(f"--shapes {shape}: K and N must be positive and K a multiple of 4")
+        shapes.append((k, n))
+    if any(m < 1 for m in args.m) or args.ms <= 0 or args.settle < 0:
+        raise SystemExit(f"--m {args.m}, --ms {args.ms}, --settle {args.settle}: give positive "
+                         "batch sizes and burst length, and idle seconds >= 0")
     if not torch.cuda.is_available():
-        raise SystemExit("burst_trace needs a CUDA GPU")
+        raise SystemExit(f"burst_trace needs a CUDA GPU; torch {torch.__version__} sees none")
     from rich.console import Console
     from rich.table import Table
 
@@ -186,8 +205,7 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
               "settle_s": args.settle, "ms": args.ms, "cases": []}
     console = Console(width=150)
-    for shape in args.shapes:
-        k, n = (int(v) for v in shape.lower().split("x"))
+    for k, n in shapes:
         for m in args.m:
             cases = build_cases(k, n, m, device)
             t = Table(title=f"{k} x {n}, M = {m}: median us a launch / SM MHz / W / Mcycles")
