@@ -179,15 +179,9 @@ def main(argv=None) -> int:
     p.add_argument("--settle", type=float, default=1.0, help="idle seconds before each burst")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    shapes = []
-    for shape in args.shapes:
-        try:
-            k, n = (int(v) for v in shape.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {shape!r}") from None
-        if k <= 0 or n <= 0 or k % 4:
-            raise SystemExit(f"--shapes {shape}: K and N must be positive and K a multiple of 4")
-        shapes.append((k, n))
+    from ternary.gemm_bench import parse_shapes
+
+    shapes = parse_shapes(args.shapes)
     if any(m < 1 for m in args.m) or args.ms <= 0 or args.settle < 0:
         raise SystemExit(f"--m {args.m}, --ms {args.ms}, --settle {args.settle}: give positive "
                          "batch sizes and burst length, and idle seconds >= 0")

@@ -363,6 +363,20 @@ _META = {"device", "dtype", "copy_bandwidth_Bps", "bf16_mm_flops"}
 _ROW = {"k", "n", "m", "us", "auto_kernel", "floor_bw_us", "floor_compute_us"}
 
 
+def parse_shapes(specs: list[str]) -> list[tuple[int, int]]:
+    """--shapes KxN ... as (K, N) pairs, or SystemExit naming the one that is wrong."""
+    shapes = []
+    for s in specs:
+        try:
+            k, n = (int(v) for v in s.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {s!r}") from None
+        if k <= 0 or n <= 0 or k % 4:
+            raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
+        shapes.append((k, n))
+    return shapes
+
+
 def run_cli(args) -> int:
     if args.render:
         result = load_result(args.render, "--render")
@@ -375,15 +389,7 @@ def run_cli(args) -> int:
     if args.gemlite_from:
         raise SystemExit("--gemlite-from fills the gemlite column of a saved run: use it with "
                          "--render PATH")
-    shapes = []
-    for s in args.shapes:
-        try:
-            k, n = (int(v) for v in s.lower().split("x"))
-        except ValueError:
-            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {s!r}") from None
-        if k <= 0 or n <= 0 or k % 4:
-            raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
-        shapes.append((k, n))
+    shapes = parse_shapes(args.shapes)
     if any(m < 1 for m in args.m) or args.replays < 1:
         raise SystemExit(f"--m {args.m} and --replays {args.replays}: give positive numbers")
     if not 0 <= args.settle <= 10:
