@@ -8,7 +8,7 @@ limit in the M = 4096 cells and runs at 1.4-1.65 GHz instead of 1.98 for a while
 so without the pause a cell's numbers depended on the cell before it (thirteenth session,
 bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
 
-The timed replays then stop after `window_ms` of GPU time (at least 3 replays): the power
+The timed replays then stop after `window_ms` of GPU time (at least MIN_REPLAYS): the power
 limiter lowers the clock about 50 ms into a burst of large-M calls (bench/burst_trace.py), so
 a kernel whose graph holds more weight copies (on 4096 x 22016 the 2-bit weights rotate
 through 9, the bf16 ones through 2) was timed over more of its burst, at a lower clock than
@@ -283,7 +283,7 @@ def render(result: dict) -> None:
                       "lower clock the previous cell's power draw left")
     if meta.get("window_ms"):
         console.print(f"each kernel timed within its first {meta['window_ms']:g} ms of GPU time "
-                      "(at least 3 replays), before the power limiter lowers the clock")
+                      f"(at least {MIN_REPLAYS} replays), before the power limiter lowers the clock")
     elif not meta.get("sustain_s"):
         why = "--window 0" if "window_ms" in meta else "a run before the window existed"
         console.print(f"no timing window ({why}): kernels whose graphs run longer were timed "
@@ -315,7 +315,7 @@ def add_arguments(p) -> None:
     p.add_argument("--settle", type=float, default=SETTLE_S, metavar="SECONDS",
                    help=f"idle pause before each timing (default {SETTLE_S}; 0 for none)")
     p.add_argument("--window", type=float, default=WINDOW_MS, metavar="MS",
-                   help=f"GPU time each timing may take, at least 3 replays (default "
+                   help=f"GPU time each timing may take, at least {MIN_REPLAYS} replays (default "
                    f"{WINDOW_MS:g}: before the power limiter; 0 for all --replays)")
     p.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                    help="run each kernel this long before timing it (steady-state clocks)")
