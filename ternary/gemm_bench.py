@@ -8,12 +8,14 @@ limit in the M = 4096 cells and runs at 1.4-1.65 GHz instead of 1.98 for a while
 so without the pause a cell's numbers depended on the cell before it (thirteenth session,
 bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
 
-The timed replays then stop after `window_ms` of GPU time (at least MIN_REPLAYS): the power
-limiter lowers the clock about 50 ms into a burst of large-M calls (bench/burst_trace.py), so
-a kernel whose graph holds more weight copies (on 4096 x 22016 the 2-bit weights rotate
-through 9, the bf16 ones through 2) was timed over more of its burst, at a lower clock than
-cuBLAS (twenty-fourth session). With the window, every kernel is timed at the clock it starts at;
-`--sustain` times them all at the clock they settle at.
+The timed replays then stop after `window_ms` of GPU time (at least MIN_REPLAYS), and where
+MIN_REPLAYS replays of every weight copy would take longer, the graph holds fewer copies
+(at least 2): the power limiter lowers the clock about 50 ms into a burst of large-M calls
+(bench/burst_trace.py), so a kernel whose graph held more weight copies (on 4096 x 22016 the
+2-bit weights rotate through 9, the bf16 ones through 2) was timed over more of its burst, at
+a lower clock than cuBLAS (twenty-fourth session). With the window every kernel is timed at
+the clock it starts at (each row's `timed_ms` says how long its timings took); `--sustain`
+times them all at the clock they settle at.
 
 The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
 over the copy bandwidth measured in the same run, and the bf16 compute floor 2 M N K over the
@@ -48,6 +50,7 @@ class Row:
     fused_kernel: str = ""  # the CUDA kernel gemm_fused picks (ternary._ext.fused_route)
     floor_bw_us: float = 0.0
     floor_compute_us: float = 0.0
+    timed_ms: dict[str, float] = field(default_factory=dict)  # GPU time each timing took
 
 
 def measure_copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
@@ -90,15 +93,16 @@ def replays_in_window(replay_ms: float, window_ms: float, replays: int) -> int:
     return max(min(MIN_REPLAYS, replays), min(replays, int(window_ms // replay_ms)))
 
 
-def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: float = 0.0,
-                 window_ms: float = 0.0) -> float:
-    """Median microseconds of one call: a CUDA graph runs every call once (each on its own
-    weight copy), replayed up to `replays` times within `window_ms` of GPU time, after
-    `settle_s` idle seconds; with sustain_s, after replaying for that long instead (the clock
-    the kernel's own power draw settles at, as in a long prefill), all `replays` times."""
-    for c in calls:  # warm-up outside capture (autotuners, lazy init)
-        c()
-    torch.cuda.synchronize()
+def copies_in_window(call_ms: float, window_ms: float, copies: int) -> int:
+    """How many of `copies` calls a graph replay may hold so that MIN_REPLAYS replays fit in
+    `window_ms` (at least 2, so consecutive calls still read different weights)."""
+    if window_ms <= 0 or call_ms <= 0:
+        return copies
+    return max(min(2, copies), min(copies, int(window_ms / (MIN_REPLAYS * call_ms))))
+
+
+def _graph_of(calls) -> tuple[torch.cuda.CUDAGraph, float]:
+    """A CUDA graph that runs `calls` once each, and the milliseconds of one replay."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for c in calls:
@@ -110,13 +114,31 @@ def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: flo
     graph.replay()
     e.record()
     e.synchronize()
-    replay_ms = s.elapsed_time(e)
+    return graph, s.elapsed_time(e)
+
+
+def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: float = 0.0,
+                 window_ms: float = 0.0, info: dict | None = None) -> float:
+    """Median microseconds of one call: a CUDA graph runs every call once (each on its own
+    weight copy), replayed up to `replays` times within `window_ms` of GPU time, after
+    `settle_s` idle seconds (where MIN_REPLAYS replays of every copy would not fit, the graph
+    holds fewer copies); with sustain_s, after replaying for that long instead (the clock
+    the kernel's own power draw settles at, as in a long prefill), all copies `replays`
+    times. `info`, if given, receives the copies, replays and GPU milliseconds timed."""
+    for c in calls:  # warm-up outside capture (autotuners, lazy init)
+        c()
+    torch.cuda.synchronize()
+    graph, replay_ms = _graph_of(calls)
     if sustain_s > 0:
         t_end = time.perf_counter() + sustain_s
         while time.perf_counter() < t_end:
             graph.replay()
             torch.cuda.synchronize()
     else:
+        use = copies_in_window(replay_ms / len(calls), window_ms, len(calls))
+        if use < len(calls):
+            calls = calls[:use]
+            graph, replay_ms = _graph_of(calls)
         time.sleep(settle_s)
         replays = replays_in_window(replay_ms, window_ms, replays)
     times = []
@@ -126,8 +148,10 @@ def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: flo
         graph.replay()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / len(calls))
-    return statistics.median(times)
+        times.append(s.elapsed_time(e))
+    if info is not None:
+        info.update(copies=len(calls), replays=replays, timed_ms=sum(times))
+    return statistics.median(times) * 1e3 / len(calls)
 
 
 def _copies(bytes_per_copy: int, l2_bytes: int) -> int:
@@ -163,7 +187,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
     meta: dict = {
         "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
         "copy_bandwidth_Bps": bw, "bf16_mm_flops": flops, "torch": torch.__version__,
-        "dtype": str(dtype), "replays": replays, "settle_s": settle_s, "sustain_s": sustain_s,
+        "dtype": str(dtype), "replays": replays, "settle_s": 0.0 if sustain_s else settle_s, "sustain_s": sustain_s,
         "window_ms": 0.0 if sustain_s else window_ms,
         "gemlite": None,
         "gemlite_error": None,
@@ -224,8 +248,10 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 for name, calls in cases.items():
                     torch.cuda.synchronize()
                     try:
+                        info: dict = {}
                         row.us[name] = time_rotated(calls, replays, sustain_s, settle_s,
-                                                    window_ms)
+                                                    window_ms, info)
+                        row.timed_ms[name] = info["timed_ms"]
                     except Exception as e:
                         row.us[name] = None
                         if name == "gemlite":
@@ -282,8 +308,17 @@ def render(result: dict) -> None:
         console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at the "
                       "lower clock the previous cell's power draw left")
     if meta.get("window_ms"):
-        console.print(f"each kernel timed within its first {meta['window_ms']:g} ms of GPU time "
-                      f"(at least {MIN_REPLAYS} replays), before the power limiter lowers the clock")
+        w = meta["window_ms"]
+        console.print(f"each kernel timed within its first {w:g} ms of GPU time (at least "
+                      f"{min(MIN_REPLAYS, meta.get('replays', MIN_REPLAYS))} replays)"
+                      + (", before the power limiter lowers the clock (about 50 ms into a "
+                         "burst on the H200)" if w <= 50 else ""))
+        over = [f"{r['k']} x {r['n']} M={r['m']} {name} {ms:.0f} ms"
+                for r in result["rows"] for name, ms in r.get("timed_ms", {}).items()
+                if ms > 1.05 * w]
+        if over:
+            console.print(f"timed over more than the window ({len(over)}): "
+                          + ", ".join(over[:6]) + (" ..." if len(over) > 6 else ""))
     elif not meta.get("sustain_s"):
         why = "--window 0" if "window_ms" in meta else "a run before the window existed"
         console.print(f"no timing window ({why}): kernels whose graphs run longer were timed "
@@ -316,7 +351,8 @@ def add_arguments(p) -> None:
                    help=f"idle pause before each timing (default {SETTLE_S}; 0 for none)")
     p.add_argument("--window", type=float, default=WINDOW_MS, metavar="MS",
                    help=f"GPU time each timing may take, at least {MIN_REPLAYS} replays (default "
-                   f"{WINDOW_MS:g}: before the power limiter; 0 for all --replays)")
+                   f"{WINDOW_MS:g}: before the power limiter; 0 for all --replays and weight "
+                   "copies; not used with --sustain)")
     p.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                    help="run each kernel this long before timing it (steady-state clocks)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON here (with "
@@ -333,7 +369,8 @@ def merge_gemlite(result: dict, other: dict) -> dict:
     for r in result["rows"]:
         r["us"]["gemlite"] = times.get((r["k"], r["n"], r["m"]))
     result["meta"]["gemlite_from"] = {k: other["meta"].get(k) for k in
-                                      ("device", "gemlite", "copy_bandwidth_Bps", "torch")}
+                                      ("device", "gemlite", "copy_bandwidth_Bps", "torch",
+                                       "window_ms", "sustain_s")}
     return result
 
 

@@ -90,6 +90,43 @@ def test_timed_replays_stop_at_the_window(replay_ms, window_ms, replays, expecte
     assert replays_in_window(replay_ms, window_ms, replays) == expected
 
 
+@pytest.mark.parametrize("call_ms,window_ms,copies,expected", [
+    (0.02, 20.0, 32, 32),   # short calls: every copy
+    (0.92, 20.0, 9, 7),     # the fused kernel at M = 4096: 3 replays of 7 copies fit 20 ms
+    (2.1, 20.0, 9, 3),      # gemlite at M = 4096
+    (8.0, 20.0, 9, 2),      # a call longer than the window / 3: still two weight copies
+    (8.0, 20.0, 1, 1),      # unless there is one
+    (0.92, 0.0, 9, 9),      # no window
+])
+def test_graphs_hold_fewer_copies_where_the_window_is_short(call_ms, window_ms, copies,
+                                                            expected):
+    from ternary.gemm_bench import copies_in_window
+
+    assert copies_in_window(call_ms, window_ms, copies) == expected
+
+
+def test_render_names_cells_timed_past_the_window(capsys, tmp_path):
+    import json
+
+    result = _result([(4096, 22016, 1, {"auto": 10.0}, 1.0, 1.0),
+                      (4096, 22016, 4096, {"auto": 900.0}, 1.0, 1.0)])
+    result["meta"].update(window_ms=20.0, replays=20)
+    result["rows"][0]["timed_ms"] = {"auto": 1.2}
+    result["rows"][1]["timed_ms"] = {"auto": 27.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "before the power limiter" in out
+    assert "timed over more than the window (1): 4096 x 22016 M=4096 auto 27 ms" in out
+    result["meta"]["window_ms"] = 1000.0  # a window past the limiter makes no such claim
+    path.write_text(json.dumps(result))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "within its first 1000 ms" in out and "power limiter" not in out
+    assert "timed over more than the window" not in out
+
+
 def test_render_says_which_clock_the_timings_saw(capsys, tmp_path):
     import json
 
@@ -179,6 +216,8 @@ def test_render_json_writes_the_merged_run(tmp_path, capsys):
     gemlite = {(r["k"], r["n"], r["m"]): r["us"]["gemlite"]
                for r in json.loads((RESULTS / "results-h200-gemlite.json").read_text())["rows"]}
     assert merged["meta"]["gemlite_from"]["device"] == "NVIDIA H200"
+    # which clock the merged column was timed at travels with it
+    assert merged["meta"]["gemlite_from"]["window_ms"] == 20.0
     assert all(r["us"]["gemlite"] == gemlite.get((r["k"], r["n"], r["m"]))
                for r in merged["rows"])
     assert any(r["us"]["gemlite"] is not None for r in merged["rows"])
@@ -201,9 +240,12 @@ def test_bench_json_on_a_gpu(tmp_path, capsys):
                      "--replays", "3", "--settle", "0", "--json", str(path)]) == 0
     result = json.loads(path.read_text())
     assert [(r["k"], r["n"], r["m"]) for r in result["rows"]] == [(256, 320, 1), (256, 320, 64)]
+    assert result["meta"]["window_ms"] == 20.0
     for r in result["rows"]:
         for method in ("fused", "auto", "cublas_path", "cublas_dense"):
             assert 0 < r["us"][method] < 1e4, (method, r)
+            # three replays of a few copies of a tiny call: well inside the window
+            assert 0 < r["timed_ms"][method] < 20.0, (method, r)
         assert r["floor_bw_us"] > 0 and r["floor_compute_us"] > 0 and r["fused_kernel"]
     assert result["meta"]["copy_bandwidth_Bps"] > 1e11 and result["meta"]["bf16_mm_flops"] > 1e12
     capsys.readouterr()
