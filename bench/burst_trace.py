@@ -2,15 +2,21 @@
 """Launch-by-launch times of the fused kernel and cuBLAS bf16 in a burst, with the SM clock,
 the power and the clock-limit reasons NVML reports during it.
 
-`ternary bench` times 20 graph replays after an idle pause; at M = 4096 the fused kernel reads
-0.83-0.88x cuBLAS there, while one launch under ncu is within 1.5 % (fourteenth session) and
-a sustained run 0.99-1.01x. This separates the two explanations: if the fused kernel's time a
-launch grows over the burst while its cycles a launch (time x SM clock) stay put, the clock
-is what it loses; if its first launch is already slow, it is cycles.
+Before the twenty-fourth session `ternary bench` timed 20 graph replays after an idle pause,
+and at M = 4096 the fused kernel read 0.83-0.86x cuBLAS there, while one launch under ncu was
+within 1.5 % (fourteenth session) and a sustained run 0.96-1.01x. This trace separates clock
+from cycles: if a kernel's time a launch grows over the burst while its cycles a launch (time
+x SM clock) stay put, the clock is what it loses; if its first launches are already slow, it
+is cycles. (It showed the bench timing the two kernels at different points of their bursts:
+bench/NOTES.md, twenty-fourth session.)
 
-Each case: `--settle` idle seconds, then `--ms` milliseconds of back-to-back calls (weights
-rotated past L2, as the bench does), an event between every two calls; a thread samples NVML
-every 2 ms. Run from the repository root after building the extension in place:
+Each case: `--settle` idle seconds, then about `--ms` milliseconds of back-to-back calls (the
+launch count comes from one timed pass over the weight copies, so the burst runs 0.85-1.15x
+that), weights rotated past L2 as the bench does, an event between every two calls; a thread
+samples NVML every 2 ms. The samples are placed on the launches' timeline by the host time
+at which the last launch completed, so they can be off by a few milliseconds, and NVML's
+own readings lag (the instant power by 50-100 ms, seen on the H200). Run from the repository
+root after building the extension in place:
   python3 bench/burst_trace.py --shapes 4096x22016 4096x4096 --m 1024 4096 --json out.json
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import statistics
 import sys
 import threading
@@ -38,7 +45,8 @@ NVML_FI_DEV_POWER_INSTANT = 186
 
 
 class Nvml:
-    """The few NVML calls this needs, through ctypes (pynvml is not on the GPU machine)."""
+    """The few NVML calls this needs, through ctypes (pynvml is not on the GPU machine). A
+    reading whose call fails is NaN (clock, power) or -1 (reasons)."""
 
     class _Field(ctypes.Structure):
         _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint),
@@ -46,28 +54,39 @@ class Nvml:
                     ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
                     ("value", ctypes.c_ulonglong)]
 
-    def __init__(self, index: int):
-        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
-        self._check(self.lib.nvmlInit_v2(), "nvmlInit_v2")
+    def __init__(self, device: torch.device):
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        try:
+            self._clock, self._power = lib.nvmlDeviceGetClockInfo, lib.nvmlDeviceGetPowerUsage
+            self._fields = lib.nvmlDeviceGetFieldValues
+            self._reasons = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                lib.nvmlDeviceGetCurrentClocksThrottleReasons
+            init, by_index = lib.nvmlInit_v2, lib.nvmlDeviceGetHandleByIndex_v2
+        except AttributeError as e:
+            raise RuntimeError(f"libnvidia-ml.so.1 lacks {e}") from None
+        self._check(init(), "nvmlInit_v2")
+        # NVML numbers GPUs regardless of CUDA_VISIBLE_DEVICES; torch maps its index to NVML's
+        to_nvml = getattr(torch.cuda, "_get_nvml_device_index", None)
+        index = to_nvml(device) if to_nvml else torch.cuda._utils._get_device_index(device, True)
         self.h = ctypes.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.h)),
-                    f"nvmlDeviceGetHandleByIndex_v2({index})")
+        self._check(by_index(index, ctypes.byref(self.h)), f"nvmlDeviceGetHandleByIndex({index})")
 
     @staticmethod
     def _check(rc: int, what: str) -> None:
         if rc != 0:
             raise RuntimeError(f"NVML {what} returned {rc}")
 
-    def sample(self) -> tuple[int, float, float, int]:
-        """(SM MHz, instant W (NaN if the driver lacks it), average W, clock-limit reasons)."""
+    def sample(self) -> tuple[float, float, float, int]:
+        """(SM MHz, instant W, average W, clock-limit reasons)."""
         mhz, mw, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
-        self.lib.nvmlDeviceGetClockInfo(self.h, 1, ctypes.byref(mhz))  # NVML_CLOCK_SM
-        self.lib.nvmlDeviceGetPowerUsage(self.h, ctypes.byref(mw))
-        self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.h, ctypes.byref(reasons))
+        nan = float("nan")
+        clock = mhz.value if self._clock(self.h, 1, ctypes.byref(mhz)) == 0 else nan  # SM
+        avg = mw.value / 1e3 if self._power(self.h, ctypes.byref(mw)) == 0 else nan
+        why = reasons.value if self._reasons(self.h, ctypes.byref(reasons)) == 0 else -1
         f = self._Field(fieldId=NVML_FI_DEV_POWER_INSTANT)
-        rc = self.lib.nvmlDeviceGetFieldValues(self.h, 1, ctypes.byref(f))
-        inst = f.value / 1e3 if rc == 0 and f.nvmlReturn == 0 else float("nan")
-        return mhz.value, inst, mw.value / 1e3, reasons.value
+        rc = self._fields(self.h, 1, ctypes.byref(f))
+        inst = f.value / 1e3 if rc == 0 and f.nvmlReturn == 0 else nan
+        return clock, inst, avg, why
 
 
 def sampler(nvml: Nvml, out: list, stop: threading.Event, period_s: float = 0.002) -> None:
@@ -155,18 +174,19 @@ def summarise(tr: dict) -> list[dict]:
         if not sel:
             continue
         smp = [s for s in tr["samples"] if lo <= (s[0] - gpu0) * 1e3 < hi]
-        mhz = statistics.mean(s[1] for s in smp) if smp else float("nan")
+        clocks = [s[1] for s in smp if s[1] == s[1]]
+        mhz = statistics.mean(clocks) if clocks else float("nan")
         inst = [s[2] for s in smp if s[2] == s[2]]
         reasons = 0
         for s in smp:
-            reasons |= s[4]
+            reasons |= max(s[4], 0)
         med = statistics.median(sel)
         out.append({"window_ms": [lo, hi], "launches": len(sel), "median_us": med,
                     "first_us": sel[0], "sm_mhz": mhz,
                     "power_w": statistics.mean(inst) if inst else
                     (statistics.mean(s[3] for s in smp) if smp else float("nan")),
                     "reasons": [v for b, v in REASONS.items() if reasons & b],
-                    "mcycles": med * mhz / 1e6 if smp else float("nan"),
+                    "mcycles": med * mhz / 1e6,
                     "samples": len(smp)})
     return out
 
@@ -182,7 +202,7 @@ def main(argv=None) -> int:
     from ternary.gemm_bench import parse_shapes
 
     shapes = parse_shapes(args.shapes)
-    if any(m < 1 for m in args.m) or args.ms <= 0 or args.settle < 0:
+    if any(m < 1 for m in args.m) or not 0 < args.ms < math.inf or not 0 <= args.settle < 60:
         raise SystemExit(f"--m {args.m}, --ms {args.ms}, --settle {args.settle}: give positive "
                          "batch sizes and burst length, and idle seconds >= 0")
     if not torch.cuda.is_available():
@@ -192,7 +212,7 @@ def main(argv=None) -> int:
 
     device = torch.device("cuda")
     try:
-        nvml = Nvml(device.index or 0)
+        nvml = Nvml(device)
     except (OSError, RuntimeError) as e:
         print(f"NVML unavailable ({e}): times only")
         nvml = None
@@ -214,7 +234,11 @@ def main(argv=None) -> int:
                 summ[name] = summarise(tr)
                 result["cases"].append({"k": k, "n": n, "m": m, "kernel": name,
                                         "windows": summ[name], "us": tr["us"]})
-            for wf, wc in zip(summ["fused"], summ["cublas"]):
+            cub = {tuple(w["window_ms"]): w for w in summ["cublas"]}
+            for wf in summ["fused"]:  # the windows both bursts reached
+                wc = cub.get(tuple(wf["window_ms"]))
+                if wc is None:
+                    continue
                 t.add_row(f"{wf['window_ms'][0]}-{wf['window_ms'][1]}",
                           *(f"{w['median_us']:.1f} / {w['sm_mhz']:.0f} / {w['power_w']:.0f} / "
                             f"{w['mcycles']:.3f}" for w in (wf, wc)),

@@ -58,6 +58,8 @@ def test_summary_of_a_made_up_trace():
     (["--shapes", "4098x16"], "multiple of 4"),
     (["--m", "0"], "give positive"),
     (["--ms", "0"], "give positive"),
+    (["--ms", "nan"], "give positive"),
+    (["--settle", "-1"], "idle seconds"),
 ])
 def test_bad_arguments(argv, words):
     with pytest.raises(SystemExit, match=words):
