@@ -97,17 +97,10 @@ def sampler(nvml: Nvml, out: list, stop: threading.Event, period_s: float = 0.00
 
 def build_cases(k: int, n: int, m: int, device) -> dict:
     from ternary import kernels, ops
-    from ternary.gemm_bench import _copies
+    from ternary.gemm_bench import weight_copies
 
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    copies = _copies(k * n // 4, l2)
-    codes = [torch.randint(-1, 2, (n, k), dtype=torch.int8, device=device) for _ in range(copies)]
-    scales = [torch.rand(n, device=device) + 0.5 for _ in range(copies)]
-    packed = [ops.pack(c) for c in codes]
-    fused = kernels.FusedKernel()
-    prepared = [fused.prepare(p, s, 0) for p, s in zip(packed, scales)]
-    dense = [ops.dequantize(packed[i], scales[i], 0, torch.bfloat16)
-             for i in range(_copies(2 * k * n, l2))]
+    _, _, _, prepared, dense = weight_copies(k, n, device, torch.bfloat16,
+                                             kernels.FusedKernel())
     x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
     return {
         "fused": [lambda p=p: ops.gemm_fused(x, p.repacked, p.scale, 0, n) for p in prepared],

@@ -124,7 +124,7 @@ def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: flo
     `settle_s` idle seconds (where MIN_REPLAYS replays of every copy would not fit, the graph
     holds fewer copies); with sustain_s, after replaying for that long instead (the clock
     the kernel's own power draw settles at, as in a long prefill), all copies `replays`
-    times. `info`, if given, receives the copies, replays and GPU milliseconds timed."""
+    times. `info`, if given, receives the GPU milliseconds timed (`timed_ms`)."""
     for c in calls:  # warm-up outside capture (autotuners, lazy init)
         c()
     torch.cuda.synchronize()
@@ -150,12 +150,30 @@ def time_rotated(calls, replays: int = 20, sustain_s: float = 0.0, settle_s: flo
         e.synchronize()
         times.append(s.elapsed_time(e))
     if info is not None:
-        info.update(copies=len(calls), replays=replays, timed_ms=sum(times))
+        info["timed_ms"] = sum(times)
     return statistics.median(times) * 1e3 / len(calls)
 
 
 def _copies(bytes_per_copy: int, l2_bytes: int) -> int:
     return max(2, min(32, math.ceil(3 * l2_bytes / max(bytes_per_copy, 1))))
+
+
+def weight_copies(k: int, n: int, device, dtype, fused):
+    """Random ternary weights of one K x N layer in as many copies as rotate past L2: codes,
+    scales, packed, prepared for `fused` (a kernels.FusedKernel), and the dense `dtype` copies
+    cuBLAS reads (fewer: each is 8x larger)."""
+    from ternary import ops
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    copies = _copies(k * n // 4, l2)
+    codes = [torch.randint(-1, 2, (n, k), dtype=torch.int8, device=device)
+             for _ in range(copies)]
+    scales = [torch.rand(n, device=device) + 0.5 for _ in range(copies)]
+    packed = [ops.pack(c) for c in codes]
+    prepared = [fused.prepare(p, s, 0) for p, s in zip(packed, scales)]
+    dense = [ops.dequantize(packed[i], scales[i], 0, dtype)
+             for i in range(_copies(2 * k * n, l2))]
+    return codes, scales, packed, prepared, dense
 
 
 def _gemlite_layers(codes_list, scale_value: float, dtype):
@@ -187,7 +205,8 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
     meta: dict = {
         "device": props.name, "sms": props.multi_processor_count, "l2_bytes": l2,
         "copy_bandwidth_Bps": bw, "bf16_mm_flops": flops, "torch": torch.__version__,
-        "dtype": str(dtype), "replays": replays, "settle_s": 0.0 if sustain_s else settle_s, "sustain_s": sustain_s,
+        "dtype": str(dtype), "replays": replays, "settle_s": 0.0 if sustain_s else settle_s,
+        "sustain_s": sustain_s,
         "window_ms": 0.0 if sustain_s else window_ms,
         "gemlite": None,
         "gemlite_error": None,
@@ -208,15 +227,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("benchmark", total=len(shapes) * len(m_values))
         for k, n in shapes:
-            copies = _copies(k * n // 4, l2)
-            codes = [torch.randint(-1, 2, (n, k), dtype=torch.int8, device=device)
-                     for _ in range(copies)]
-            scales = [torch.rand(n, device=device) + 0.5 for _ in range(copies)]
-            packed = [ops.pack(c) for c in codes]
-            prepared = [fused.prepare(p, s, 0) for p, s in zip(packed, scales)]
-            dense_copies = _copies(2 * k * n, l2)
-            dense = [ops.dequantize(packed[i], scales[i], 0, dtype)
-                     for i in range(dense_copies)]
+            codes, scales, packed, prepared, dense = weight_copies(k, n, device, dtype, fused)
             layers, gl_err = None, meta["gemlite_error"]
             if gemlite and gl_err is None:
                 try:
@@ -305,8 +316,8 @@ def render(result: dict) -> None:
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
     if meta.get("settle_s") and not meta.get("sustain_s"):
-        console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at the "
-                      "lower clock the previous cell's power draw left")
+        console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at "
+                      "the lower clock the previous cell's power draw left")
     if meta.get("window_ms"):
         w = meta["window_ms"]
         console.print(f"each kernel timed within its first {w:g} ms of GPU time (at least "
