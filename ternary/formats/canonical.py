@@ -60,6 +60,7 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
     ok = m.config_ok(files, config_problems(qc), problems)
+    m.config_ok(files, m.split_fused_problems(files), problems)  # the data still reads
     return {"scale": qc.get("scale", "channel") if ok else None,
             "group_size": qc.get("group_size") or 0}
 

@@ -13,7 +13,7 @@ from typing import Callable
 from ternary.formats import canonical, dense
 from ternary.formats.errors import FormatError
 from ternary.formats.files import CONFIG, INDEX, ShardWriter, iter_tensor_names
-from ternary.formats.modules import not_converted
+from ternary.formats.modules import not_converted, split_fused_layers
 from ternary.formats.reader import Checkpoint, plan_scale
 
 # Weight files of other serializations are not copied: the output holds its own weights.
@@ -57,7 +57,15 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     if ckpt.problems:
         raise FormatError.of(ckpt.problems[0])
     files = ckpt.files
-    src_skip = (files.quantization_config.get("modules_to_not_convert") or [])
+    src_skip = (ckpt.state["modules_to_not_convert"] if ckpt.format == dense.NAME
+                else files.quantization_config.get("modules_to_not_convert") or [])
+    skip = list(dict.fromkeys(list(src_skip) + list(not_convert)
+                              + (["lm_head"] if "lm_head.weight" in files else [])))
+    linear = [t[: -len(".weight")] for t in files.names() if t.endswith(".weight")]
+    for fused, listed, missing in split_fused_layers(linear, skip):
+        raise FormatError(src / CONFIG, None, f"modules_to_not_convert of the result would list "
+                          f"{listed} but not {missing}, which vLLM loads as one layer "
+                          f"{fused!r}", "pass --not-convert for all of them or for none")
     names = ckpt.module_names()
     quantized = [n for n in names if not not_converted(n, list(not_convert))]
     # Listed modules of a dense source are copied untouched; of a packed source, stored
@@ -87,7 +95,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
             done += files.nbytes(t)
             mod_name = role.get(t)
             if mod_name is None:
-                writer.add(t, files.get(t))
+                # a copy: a view would keep its source shard mapped until the output flushes
+                writer.add(t, files.get(t).clone())
                 copied += 1
             elif t == f"{mod_name}.weight":
                 mod = ckpt.module(mod_name)
@@ -102,8 +111,6 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
                 progress(done, total, t)
         shards = writer.close()
         copied_files = _copy_side_files(src, tmp)
-        skip = list(dict.fromkeys(list(src_skip) + list(not_convert)
-                                  + (["lm_head"] if "lm_head.weight" in files else [])))
         config = dict(files.config)
         config["quantization_config"] = canonical.quantization_config(mode, g, skip)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -119,14 +126,20 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
                          writer.total_bytes, notes)
 
 
+def _left_behind(name: str) -> bool:
+    return name.startswith(".") or name.endswith(_NOT_COPIED)
+
+
 def _copy_side_files(src: Path, dst: Path) -> list[str]:
-    """Tokenizer, generation config and anything else that is not a weight file."""
+    """Tokenizer, generation config and anything else that is not a weight file, at any
+    depth (Meta's repositories keep the original dense weights in original/)."""
     copied = []
     for p in sorted(src.iterdir()):
-        if p.name in (CONFIG, INDEX) or p.name.startswith(".") or p.name.endswith(_NOT_COPIED):
+        if p.name in (CONFIG, INDEX) or _left_behind(p.name):
             continue
         if p.is_dir():
-            shutil.copytree(p, dst / p.name)
+            shutil.copytree(p, dst / p.name,
+                            ignore=lambda _d, names: [n for n in names if _left_behind(n)])
         else:
             shutil.copy2(p, dst / p.name)
         copied.append(p.name)

@@ -16,8 +16,14 @@ FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
-    return {"modules_to_not_convert": files.quantization_config.get("modules_to_not_convert")
-            or files.config.get("modules_to_not_convert") or []}
+    """modules_to_not_convert from quantization_config, else from the top level of
+    config.json (where some dense exports keep it)."""
+    qc = files.quantization_config
+    where, holder = (("quantization_config.", qc) if qc.get("modules_to_not_convert")
+                     else ("", files.config))
+    found = m.skip_list_problems(holder, where)
+    m.config_ok(files, found, problems)
+    return {"modules_to_not_convert": [] if found else holder.get("modules_to_not_convert") or []}
 
 
 def module_names(files: ModelFiles, extra_not_convert: list[str] | None = None) -> list[str]:

@@ -26,8 +26,13 @@ _DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 
 def read_header(path: Path) -> dict[str, dict]:
     """The tensor table of one safetensors file, after checking that the file holds every
     byte the header promises (a truncated download otherwise fails deep inside a reader)."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    try:
+        size = path.stat().st_size
+        f = path.open("rb")
+    except OSError as e:  # a dangling link (a copied Hugging Face cache), a directory, ...
+        raise FormatError(path, None, f"cannot read it: {e.strerror or e}",
+                          "re-download it, or copy the file the link points to") from None
+    with f:
         head = f.read(8)
         if len(head) < 8:
             raise FormatError(path, None, f"truncated safetensors file: {size} bytes, shorter "
@@ -45,7 +50,12 @@ def read_header(path: Path) -> dict[str, dict]:
     if not isinstance(header, dict):
         raise FormatError(path, None, f"safetensors header is a JSON {type(header).__name__}, "
                           "not an object of tensors", "re-download or re-write it")
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict)
+                                 and all(isinstance(v, str) for v in meta.values())):
+        # safetensors refuses to open such a file; say so here, where the file is named
+        raise FormatError(path, None, f"safetensors __metadata__ must map names to strings; it "
+                          f"is {meta!r}", "re-write the file (its tensors may be intact)")
     end = 0
     for name, info in header.items():
         _check_entry(path, name, info)

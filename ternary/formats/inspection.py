@@ -31,7 +31,12 @@ def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
             problems = list(ckpt.problems)
             for name in ckpt.module_names():
                 t = f"{name}.weight"
-                if dense.read_dense(ckpt.files, name, problems) is not None:
+                try:
+                    w = dense.read_dense(ckpt.files, name, problems)
+                except FormatError as e:  # a tensor safetensors cannot read
+                    problems.extend(e.records)
+                    continue
+                if w is not None:
                     report["modules"].append({
                         "module": name, "shape": ckpt.files.shape(t),
                         "stored": f"{ckpt.files.dtype(t)} {ckpt.files.shape(t)}",

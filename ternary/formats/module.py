@@ -12,7 +12,7 @@ import torch
 
 from ternary.formats.errors import FormatError, Problem
 from ternary.formats.files import CONFIG, INDEX, ModelFiles
-from ternary.formats.modules import not_converted
+from ternary.formats.modules import not_converted, split_fused_layers
 
 SCALE_DTYPE = torch.float32
 
@@ -136,14 +136,27 @@ def problem(files: ModelFiles, tensor: str | None, text: str, hint: str = "") ->
     return Problem(where(files, tensor), tensor, text, hint)
 
 
-def skip_list_problems(qc: dict) -> list[tuple[str, str]]:
+def skip_list_problems(qc: dict, where: str = "quantization_config.") -> list[tuple[str, str]]:
     """modules_to_not_convert must be a list of names (a string would read letter by letter
-    and match nothing): the config_problems of every packed format share this."""
+    and match nothing): the config_problems of every format share this."""
     skip = qc.get("modules_to_not_convert")
     if skip is None or (isinstance(skip, list) and all(isinstance(e, str) for e in skip)):
         return []
-    what = f"quantization_config.modules_to_not_convert is {skip!r}; expected a list of names"
+    what = f"{where}modules_to_not_convert is {skip!r}; expected a list of names"
     return [(what, 'fix config.json, e.g. ["lm_head"]')]
+
+
+def split_fused_problems(files: ModelFiles) -> list[tuple[str, str]]:
+    """modules_to_not_convert naming part of a layer vLLM fuses (q_proj without k_proj and
+    v_proj): vLLM refuses such a checkpoint (ternary.vllm.spec.is_skipped)."""
+    skip = files.quantization_config.get("modules_to_not_convert")
+    if not isinstance(skip, list):
+        return []
+    names = [t[: -len(".weight")] for t in files.names() if t.endswith(".weight")]
+    return [((f"quantization_config.modules_to_not_convert lists {listed} but not {missing}, "
+              f"which vLLM loads as one layer {fused!r}"),
+             "list all of them or none, and store them all dense or all packed")
+            for fused, listed, missing in split_fused_layers(names, skip)]
 
 
 def listed_but_packed(files: ModelFiles, name: str, problems: list[Problem]) -> bool:

@@ -19,6 +19,28 @@ def not_converted(name: str, modules_to_not_convert: list[str] | None) -> bool:
     return False
 
 
+# Modules that vLLM's Llama-style models load as one layer (their packed_modules_mapping):
+# a layer is kept dense only as a whole, so modules_to_not_convert lists all its parts or none.
+VLLM_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def split_fused_layers(names: list[str], modules_to_not_convert: list[str] | None
+                       ) -> list[tuple[str, list[str], list[str]]]:
+    """(fused layer, listed parts, unlisted parts) for every layer of VLLM_FUSED whose parts
+    among `names` modules_to_not_convert lists only in part (vLLM refuses to load those)."""
+    present, out = set(names), []
+    for head, fused, parts in sorted({(n.rpartition(".")[0], f, ps) for n in names
+                                      for f, ps in VLLM_FUSED.items()
+                                      if n.rpartition(".")[2] in ps}):
+        members = [f"{head}.{p}" if head else p for p in parts]
+        members = [x for x in members if x in present]
+        listed = [x for x in members if not_converted(x, modules_to_not_convert)]
+        if listed and len(listed) < len(members):
+            out.append((f"{head}.{fused}" if head else fused, listed,
+                        [x for x in members if x not in listed]))
+    return out
+
+
 def is_linear(name: str, shape: list[int], modules_to_not_convert: list[str] | None) -> bool:
     """True for a dense [N, K] `name.weight` that the dense converter quantizes: *_proj
     layers and the linear layers inside mlp/attention blocks, never lm_head, embeddings,

@@ -135,7 +135,11 @@ class Checkpoint:
         problems = list(self.problems)
         mods = []
         for name in self.module_names():
-            mod = self.impl.read(self.files, name, self.state, problems)
+            try:
+                mod = self.impl.read(self.files, name, self.state, problems)
+            except FormatError as e:  # a tensor safetensors cannot read: the next one may be fine
+                problems.extend(e.records)
+                continue
             if mod is not None:
                 mods.append(mod)
         return mods, problems

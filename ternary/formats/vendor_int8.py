@@ -89,6 +89,7 @@ def prepare(files: ModelFiles, problems: list[Problem], code_map: str | None = N
     stated_map = qc.get("code_map")
     state = {"code_map": None, "code_map_evidence": "", "group_size_override": group_size,
              "stated_group_size": qc.get("group_size") or None}
+    m.config_ok(files, m.skip_list_problems(qc), problems)
     for label, value in (("code_map override", code_map), ("quantization_config.code_map",
                                                            stated_map)):
         if value is not None and value not in CODE_MAPS:
@@ -197,6 +198,7 @@ def read(files: ModelFiles, name: str, state: dict,
     start = len(problems)
     ok = m.require(files, wt, "int8 [N, K] weight", problems)
     ok = m.require(files, st, "float32 scale (weight_scale)", problems) and ok
+    ok = ok and m.listed_but_packed(files, name, problems)
     if not ok:
         return None
     ok = m.check_dtype(files, wt, ("I8",), "a vendor-int8 weight", problems)

@@ -319,14 +319,118 @@ def test_modules_to_not_convert_must_be_a_list(tmp_path):
     assert '["lm_head"]' in e.record.hint
 
 
-@pytest.mark.parametrize("writer", [T.write_canonical, T.write_bitnet])
+@pytest.mark.parametrize("writer", [T.write_canonical, T.write_bitnet, T.write_vendor_int8])
 def test_a_module_listed_as_dense_but_stored_packed(tmp_path, writer):
     d = writer(tmp_path / "m")
     qc = json.loads((d / "config.json").read_text())["quantization_config"]
-    T.edit_config(d, quantization_config={**qc, "modules_to_not_convert": ["mlp.up_proj"]})
+    T.edit_config(d, quantization_config={**qc, "modules_to_not_convert": ["mlp.down_proj"]})
     found = [p for p in inspect(d)["problems"] if "stored packed" in p["problem"]]
-    assert [p["tensor"] for p in found] == [f"model.layers.{i}.mlp.up_proj.weight"
+    assert [p["tensor"] for p in found] == [f"model.layers.{i}.mlp.down_proj.weight"
                                             for i in range(2)], found
-    assert "modules_to_not_convert (['mlp.up_proj']) lists it" in found[0]["problem"]
+    assert "modules_to_not_convert (['mlp.down_proj']) lists it" in found[0]["problem"]
     with pytest.raises(FormatError, match="stored packed"):
-        dequantize(d, UP)
+        dequantize(d, "model.layers.1.mlp.down_proj")
+    if writer is not T.write_canonical:  # the contradiction is not carried into a result
+        with pytest.raises(FormatError, match="stored packed"):
+            convert(d, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("writer", [T.write_canonical, T.write_bitnet])
+def test_a_fused_layer_listed_in_part(tmp_path, writer):
+    # vLLM loads q/k/v_proj as one layer: listing only q_proj is refused by the plugin
+    d = writer(tmp_path / "m")
+    qc = json.loads((d / "config.json").read_text())["quantization_config"]
+    T.edit_config(d, quantization_config={**qc, "modules_to_not_convert": ["self_attn.q_proj"]})
+    found = [p for p in inspect(d)["problems"] if "loads as one layer" in p["problem"]]
+    if writer is T.write_canonical:
+        assert len(found) == 2 and found[0]["file"].endswith("config.json"), found
+        assert ("lists ['model.layers.0.self_attn.q_proj'] but not "
+                "['model.layers.0.self_attn.k_proj', 'model.layers.0.self_attn.v_proj']"
+                in found[0]["problem"]), found[0]
+    else:
+        # bitnet is a source format: its q_proj then fails as "stored packed"; the same
+        # split arrives from --not-convert below
+        assert not found
+
+
+def test_convert_refuses_to_write_a_fused_layer_in_part(tmp_path):
+    d = T.write_bitnet(tmp_path / "m")
+    with pytest.raises(FormatError, match="loads as one layer 'model.layers.0.self_attn.qkv_proj'"
+                       ) as info:
+        convert(d, tmp_path / "out", not_convert=["model.layers.0.self_attn.q_proj"])
+    assert "--not-convert for all of them" in str(info.value)
+    assert not (tmp_path / "out").exists()
+    report = convert(d, tmp_path / "out", not_convert=["self_attn.q_proj", "self_attn.k_proj",
+                                                       "self_attn.v_proj"])
+    assert len(report.kept_dense) == 6 and inspect(tmp_path / "out")["ok"]
+
+
+@pytest.mark.parametrize("writer", [T.write_bitnet, T.write_vendor_int8])
+def test_source_modules_to_not_convert_must_be_a_list(tmp_path, writer):
+    d = writer(tmp_path / "m")
+    qc = json.loads((d / "config.json").read_text())["quantization_config"]
+    T.edit_config(d, quantization_config={**qc, "modules_to_not_convert": "lm_head"})
+    e = refused_model(d, "modules_to_not_convert is 'lm_head'; expected a list of names")
+    assert '["lm_head"]' in e.record.hint
+    with pytest.raises(FormatError, match="expected a list of names"):
+        convert(d, tmp_path / "out")
+
+
+def test_dense_modules_to_not_convert_at_the_top_level(tmp_path):
+    # some dense exports keep the list beside the model's own keys: the result lists it too
+    d = T.write_dense(tmp_path / "m")
+    T.edit_config(d, modules_to_not_convert=["mlp.down_proj"])
+    convert(d, tmp_path / "out")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert "mlp.down_proj" in qc["modules_to_not_convert"], qc
+    assert inspect(tmp_path / "out")["ok"]
+    down = T.load_tensor(tmp_path / "out", "model.layers.0.mlp.down_proj.weight")
+    assert down.is_floating_point(), down.dtype
+    T.edit_config(d, modules_to_not_convert="down_proj")
+    problem = inspect(d)["problems"][0]["problem"]
+    assert problem.startswith("modules_to_not_convert is 'down_proj'; expected a list"), problem
+    with pytest.raises(FormatError, match="expected a list of names"):
+        convert(d, tmp_path / "out2")
+
+
+def test_safetensors_metadata_not_strings(tmp_path):
+    # safetensors refuses to open such a file; inspect names it instead of a traceback
+    d = T.write_dense(tmp_path / "m")
+    _write_raw_shard(d / "extra.safetensors",
+                     {"__metadata__": {"format": 1},
+                      "x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(8))
+    refused(d, "__metadata__ must map names to strings", "{'format': 1}",
+            file="extra.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "directory"])
+def test_shard_that_is_not_a_readable_file(tmp_path, kind):
+    d = T.write_canonical(tmp_path / "m")
+    bad = d / "extra.safetensors"
+    if kind == "directory":
+        bad.mkdir()
+    else:
+        bad.symlink_to(tmp_path / "blobs" / "gone")
+    e = refused(d, "cannot read it", file="extra.safetensors")
+    assert "re-download" in e.record.hint
+    with pytest.raises(FormatError, match="cannot read it"):
+        convert(d, tmp_path / "out")
+
+
+def test_inspect_goes_on_past_a_tensor_safetensors_cannot_read(tmp_path):
+    # the header checks pass but safetensors refuses the data (a dtype this checker does
+    # not size): inspect lists it with the others instead of stopping with a traceback
+    d = T.write_canonical(tmp_path / "m")
+    down = "model.layers.9.mlp.down_proj"
+    _write_raw_shard(d / "extra.safetensors",
+                     {"odd": {"dtype": "U2", "shape": [4, 4], "data_offsets": [0, 4]},
+                      f"{down}.weight": {"dtype": "U8", "shape": [32, 16],
+                                         "data_offsets": [4, 516]},
+                      f"{down}.weight_scale": {"dtype": "F32", "shape": [32],
+                                               "data_offsets": [516, 644]}}, bytes(644))
+    report = inspect(d)
+    assert not report["ok"] and len(report["modules"]) == 14, report["problems"]
+    assert [(p["tensor"], p["file"].rsplit("/", 1)[1]) for p in report["problems"]] == [
+        (f"{down}.weight", "extra.safetensors")], report["problems"]
+    assert "safetensors cannot read it" in report["problems"][0]["problem"]

@@ -162,3 +162,17 @@ def test_not_convert_keeps_a_module_dense(ref, tmp_path):
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert layer in qc["modules_to_not_convert"]
     assert len(list(Checkpoint(dst))) == 11
+
+
+def test_convert_leaves_weight_files_behind_at_any_depth(tmp_path):
+    # Meta's repositories keep the original dense weights in original/ beside the tokenizer
+    src = T.write_bitnet(tmp_path / "bitnet")
+    (src / "original").mkdir()
+    (src / "original" / "consolidated.00.pth").write_bytes(bytes(64))
+    (src / "original" / "tokenizer.model").write_bytes(b"tok")
+    (src / "original" / ".cache").mkdir()
+    report = convert(src, tmp_path / "out")
+    got = sorted(p.relative_to(tmp_path / "out").as_posix()
+                 for p in (tmp_path / "out" / "original").rglob("*"))
+    assert got == ["original/tokenizer.model"], got
+    assert "original" in report.files_copied
