@@ -20,6 +20,9 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if weight.dim() != 2 or not weight.is_floating_point():
         raise ValueError(f"quantize() takes a floating-point [N, K] weight; got "
                          f"{weight.dtype} {list(weight.shape)}")
+    if weight.shape[1] == 0:
+        raise ValueError(f"quantize() got a weight with K = 0 columns ({list(weight.shape)}); "
+                         "a linear layer needs at least one input feature")
     w = weight.detach().to(torch.float64)
     scale = w.abs().mean(dim=1)
     # a float64 mean of |float32| cannot overflow, so a non-finite mean means a NaN/inf input
@@ -27,6 +30,11 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bad = (~torch.isfinite(w)).nonzero()[0].tolist()
         raise ValueError(f"quantize() got a non-finite weight (first at [row, col] = {bad}); "
                          "fix the source checkpoint")
+    big = scale > torch.finfo(torch.float32).max  # a float64 weight past float32's range
+    if big.any():
+        row = int(big.nonzero()[0])
+        raise ValueError(f"quantize(): row {row}'s mean |W| is {float(scale[row]):.3g}, past the "
+                         "float32 range of a stored scale; rescale the weight")
     zero = scale.to(torch.float32) == 0
     scale = torch.where(zero, torch.full_like(scale, ZERO_ROW_SCALE), scale)
     codes = torch.round(w / scale[:, None]).clamp_(-1, 1)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from ternary.formats import canonical, dense
+from ternary.formats import canonical, dense, vendor_int8
 from ternary.formats.errors import FormatError
 from ternary.formats.files import CONFIG, INDEX, ShardWriter, iter_tensor_names
 from ternary.formats.modules import not_converted, split_fused_layers
@@ -68,6 +68,15 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
                           f"{fused!r}", "pass --not-convert for all of them or for none")
     names = ckpt.module_names()
     quantized = [n for n in names if not not_converted(n, list(not_convert))]
+    # all at once: module by module, each retry of a large model would find the next one
+    odd = [n for n in quantized if files.shape(f"{n}.weight")[-1] % 4]
+    if odd:
+        kinds = sorted({".".join(n.split(".")[-2:]) for n in odd})
+        raise FormatError(files.file_of(f"{odd[0]}.weight"), f"{odd[0]}.weight",
+                          f"K={files.shape(odd[0] + '.weight')[-1]} is not a multiple of 4 here "
+                          f"and in {len(odd) - 1} more module(s) ({', '.join(kinds)}), so the "
+                          "canonical [N, K/4] packing cannot hold them",
+                          f"keep them dense: --not-convert {' '.join(kinds)}")
     # Listed modules of a dense source are copied untouched; of a packed source, stored
     # dense (float32, exactly as the source defines them), since nothing else reads them.
     kept = [] if ckpt.format == dense.NAME else [n for n in names if n not in quantized]
@@ -88,6 +97,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
         writer = ShardWriter(tmp, max_shard_bytes)
         total = sum(files.nbytes(t) for t in files.names())
         done, copied = 0, 0
+        group_notes: dict[str, int] = {}  # how each vendor-int8 module's group size was read
         role = {}
         for n in names:
             role[f"{n}.weight"], role[f"{n}.weight_scale"] = n, n
@@ -103,6 +113,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
                 if mod_name in kept:
                     writer.add(t, mod.dense())
                 else:
+                    if ckpt.format == vendor_int8.NAME and mod.info.get("note"):
+                        group_notes[mod.info["note"]] = group_notes.get(mod.info["note"], 0) + 1
                     packed, scale = mod.canonical(mode, g)
                     writer.add(f"{mod_name}.weight", packed)
                     writer.add(f"{mod_name}.weight_scale", scale)
@@ -110,6 +122,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
             if progress:
                 progress(done, total, t)
         shards = writer.close()
+        notes += [f"scale of {c} module(s): {why}" for why, c in group_notes.items()]
         copied_files = _copy_side_files(src, tmp)
         config = dict(files.config)
         config["quantization_config"] = canonical.quantization_config(mode, g, skip)

@@ -257,8 +257,10 @@ def check_config_shape(files: ModelFiles, tensor: str, n: int | None, k: int,
         return True
     (en, ek), why = expected
     if (n is not None and n != en) or k != ek:
-        problems.append(problem(files, tensor, f"shape [N={n}, K={k}] contradicts config.json "
-                                f"({why}), which gives [N={en}, K={ek}]",
-                                "the weights do not belong to this config.json"))
+        # n None: a format that packs along N checks its rows itself, so only K is compared
+        got, want = ((f"shape [N={n}, K={k}]", f"[N={en}, K={ek}]") if n is not None
+                     else (f"K={k}", f"K={ek}"))
+        problems.append(problem(files, tensor, f"{got} contradicts config.json ({why}), which "
+                                f"gives {want}", "the weights do not belong to this config.json"))
         return False
     return True

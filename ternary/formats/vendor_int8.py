@@ -64,7 +64,12 @@ def column_width(k: int, columns: int, stated: int | None) -> tuple[int | None, 
     why = (f"stated group_size {stated} would need {-(-k // stated)} columns, " if stated
            else "no group_size stated, ")
     if k % columns == 0:
-        return k // columns, why + f"K={k} / {columns} columns = {k // columns}"
+        g = k // columns
+        why += f"K={k} / {columns} columns = {g}"
+        if len(candidates) > 1:  # the data cannot tell these apart: say so, never silently
+            why += (f" (group sizes {candidates[0]}-{candidates[-1]} also make {columns} "
+                    "columns: pass --group-size if the model used another)")
+        return g, why
     if len(candidates) == 1:
         return candidates[0], why + f"only group size {candidates[0]} gives {columns} columns"
     return None, why + (f"K={k} with {columns} columns fits group sizes {candidates[:5]}"

@@ -28,3 +28,13 @@ def test_quantize_refuses_non_finite_and_non_matrix():
         quantize(w)
     with pytest.raises(ValueError, match=r"floating-point \[N, K\] weight; got torch.int8 \[4\]"):
         quantize(torch.ones(4, dtype=torch.int8))
+
+
+def test_quantize_refuses_no_columns_and_a_scale_past_float32():
+    with pytest.raises(ValueError, match=r"K = 0 columns \(\[3, 0\]\)"):
+        quantize(torch.zeros(3, 0))
+    assert quantize(torch.zeros(0, 5))[0].shape == (0, 5)
+    w = torch.ones(3, 4, dtype=torch.float64)
+    w[2, 1] = 1e300
+    with pytest.raises(ValueError, match=r"row 2's mean \|W\| is 2.5e\+299, past the float32"):
+        quantize(w)

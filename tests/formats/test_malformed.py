@@ -59,8 +59,8 @@ def test_shape_contradicts_config(tmp_path, fmt):
         T.edit_config(d, intermediate_size=64, hidden_size=32)
         w = T.load_tensor(d, f"{UP}.weight")
         T.rewrite_tensors(d, {f"{UP}.weight": torch.cat([w, w], dim=1)})
-        expect(d, UP, f"{UP}.weight", "shape [N=None, K=64] contradicts config.json",
-               "intermediate_size=64")
+        expect(d, UP, f"{UP}.weight", "weight': K=64 contradicts config.json",
+               "intermediate_size=64", "which gives K=32")
     else:
         expect(d, UP, f"{UP}.weight", "contradicts config.json", "[N=72, K=32]")
 
@@ -139,7 +139,9 @@ def test_convert_refuses_k_not_multiple_of_4(tmp_path):
     down = "model.layers.0.mlp.down_proj"
     with pytest.raises(FormatError, match="K=66 is not a multiple of 4") as info:
         convert(src, tmp_path / "c")
-    assert info.value.tensor == f"{down}.weight" and "--not-convert" in str(info.value)
+    # every such module named at once, with the option that keeps them all dense
+    assert info.value.tensor == f"{down}.weight" and "and in 1 more module(s)" in str(info.value)
+    assert info.value.record.hint == "keep them dense: --not-convert mlp.down_proj"
     assert not (tmp_path / "c").exists() and not list(tmp_path.glob(".c.*"))
     report = convert(src, tmp_path / "c", not_convert=["mlp.down_proj"])
     assert len(report.kept_dense) == 2

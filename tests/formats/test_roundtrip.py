@@ -105,6 +105,10 @@ def test_vendor_int8_detects_code_map_and_real_group_size(ref, tmp_path, code_ma
     dst = tmp_path / "canon"
     report = convert(src, dst)
     assert (report.scale, report.group_size) == ("group", 16)
+    # how the group size was read reaches the report, as the code map does
+    groups = [n for n in report.notes if n.startswith("scale of ")]
+    assert sum(int(n.split()[2]) for n in groups) == 14, report.notes
+    assert all("so the real group size is 16 (config.json states 32)" in n for n in groups)
     for name in T.linear_names(T.llama_config()):
         assert torch.equal(dequantize(dst, name), dequantize(src, name)), name
 

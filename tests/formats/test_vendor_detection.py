@@ -30,6 +30,12 @@ def test_column_width():
     assert column_width(64, 4, 16) == (16, "4 scale columns fit the stated group_size 16")
     assert column_width(64, 4, 32)[0] == 16  # stated 32 would need 2 columns
     assert column_width(64, 4, None)[0] == 16
+    # a divisor is the reading, but not the only one the columns allow: said, not silent
+    assert column_width(60, 3, 128) == (20, "stated group_size 128 would need 1 columns, K=60 / "
+                                        "3 columns = 20 (group sizes 20-29 also make 3 columns: "
+                                        "pass --group-size if the model used another)")
+    assert column_width(64, 2, None)[1] == "no group_size stated, K=64 / 2 columns = 32 (group " \
+        "sizes 32-63 also make 2 columns: pass --group-size if the model used another)"
     assert column_width(10, 3, None) == (4, "no group_size stated, only group size 4 gives 3 "
                                          "columns")
     width, why = column_width(32, 3, None)
