@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 
 
 def add_arguments(p) -> None:
@@ -38,7 +40,9 @@ def run(args) -> int:
     with Progress(TextColumn("converting"), BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), TextColumn("{task.description}"),
                   console=err, transient=True) as bar:
-        task = bar.add_task("", total=None)
+        # until the first tensor is written (a vendor-int8 source is read once before that,
+        # to settle its code map and scale layout)
+        task = bar.add_task(f"reading {args.src}", total=None)
 
         def progress(done: int, total: int, tensor: str) -> None:
             bar.update(task, completed=done, total=total, description=tensor)
@@ -49,9 +53,15 @@ def run(args) -> int:
                              not_convert=args.not_convert, max_shard_bytes=args.max_shard_size,
                              progress=progress)
         except (FormatError, OSError) as e:
-            why = str(e) if isinstance(e, FormatError) else (
-                f"{e.filename or args.dst}: cannot write the converted model ({e.strerror or e}); "
-                "choose a destination you can create")
+            if isinstance(e, FormatError):
+                why = str(e)
+            elif e.filename and Path(os.path.abspath(e.filename)).is_relative_to(
+                    os.path.abspath(args.src)):  # (abspath: a dangling link is the source's)
+                why = (f"{e.filename}: cannot read it ({e.strerror or e}); check the source "
+                       "model's files and their permissions")
+            else:
+                why = (f"{e.filename or args.dst}: cannot write the converted model "
+                       f"({e.strerror or e}); choose a destination you can create")
             err.print(f"error: {why}", markup=False, highlight=False, soft_wrap=True)
             if args.json:
                 print(json.dumps({"ok": False, "error": why}))

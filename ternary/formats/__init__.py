@@ -24,6 +24,8 @@ __all__ = ["Checkpoint", "FORMATS", "FormatError", "Problem", "TernaryModule", "
 
 def dequantize(model_dir: str | os.PathLike, module: str, **overrides) -> torch.Tensor:
     """float32 [N, K] of `module` (with or without `.weight`), in any supported format.
-    vendor-int8 overrides: code_map=..., group_size=..."""
+    vendor-int8 overrides: code_map=..., group_size=... Each call opens the checkpoint, and a
+    vendor-int8 one reads every weight to settle its code map: for many modules, open one
+    `Checkpoint(model_dir)` and call its `dequantize` instead."""
     with Checkpoint(model_dir, **overrides) as ckpt:
         return ckpt.dequantize(module)

@@ -135,3 +135,15 @@ def test_serve_reads_the_tensor_parallel_size(args, tp):
     from ternary.commands.serve import tensor_parallel
 
     assert tensor_parallel(args) == tp
+
+
+def test_convert_blames_a_source_file_it_cannot_read_on_the_source(tmp_path, capsys):
+    # a copied Hugging Face cache whose tokenizer link points at a blob that is not there
+    src = T.write_bitnet(tmp_path / "b")
+    (src / "tokenizer.json").unlink()
+    (src / "tokenizer.json").symlink_to(tmp_path / "blobs" / "gone")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--json"]) == 2
+    out = capsys.readouterr()
+    error = json.loads(out.out)["error"]
+    assert error.startswith(f"{src / 'tokenizer.json'}: cannot read it"), error
+    assert "check the source model's files" in error and not (tmp_path / "out").exists()
