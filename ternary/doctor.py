@@ -183,9 +183,12 @@ def _mm(v: str) -> tuple[int, int]:
 
 def arch_covers(compiled: str, device: str) -> bool:
     """SASS for `compiled` runs on a GPU of capability `device`: same major and a minor not
-    above it; an arch-specific build (9.0a) only on exactly that GPU."""
+    above it; an arch-specific build (9.0a) only on exactly that GPU; PTX (8.0+PTX) on that
+    capability or any later one, compiled by the driver."""
     c_major, c_minor = _mm(compiled)
     d_major, d_minor = _mm(device)
+    if compiled.endswith("+PTX"):
+        return (d_major, d_minor) >= (c_major, c_minor)
     if compiled.endswith("a"):
         return (c_major, c_minor) == (d_major, d_minor)
     return c_major == d_major and c_minor <= d_minor

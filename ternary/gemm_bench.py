@@ -29,6 +29,7 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -426,6 +427,9 @@ def parse_shapes(specs: list[str]) -> list[tuple[int, int]]:
 
 
 def run_cli(args) -> int:
+    if args.json and not Path(args.json).parent.is_dir():
+        # (before a render or a run of minutes, not after it)
+        raise SystemExit(f"--json {args.json}: the folder {Path(args.json).parent} does not exist")
     if args.render:
         result = load_result(args.render, "--render")
         if args.gemlite_from:
@@ -449,6 +453,13 @@ def run_cli(args) -> int:
     if not torch.cuda.is_available():
         raise SystemExit(f"ternary bench needs a CUDA GPU; torch {torch.__version__} sees none "
                          "(use --render PATH to print a saved run)")
+    from ternary import _ext
+
+    if _ext.load() is None:
+        err = _ext.load_error()
+        raise SystemExit("ternary bench times the fused kernel of ternary._C, which "
+                         + (f"fails to load: {err}" if err else "is not built here")
+                         + "; build it for this GPU with `nox -s build-<target>`")
     t0 = time.time()
     result = run(shapes, args.m, getattr(torch, args.dtype), not args.no_gemlite, args.replays,
                  partial_json=args.json, settle_s=args.settle, sustain_s=args.sustain,

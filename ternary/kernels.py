@@ -3,8 +3,9 @@
 Each kernel class answers `can_implement(platform, n, k, dtype, group_size, device)` with
 (bool, reason), `prepare(packed, scale, group_size)` once at load time (repacking into the
 layout it wants) and `apply(x, prepared, bias)` per call. `choose` walks them in priority
-order, honours TERNARY_KERNEL=fused|cublas|reference (auto: the same as unset), and when
-nothing fits raises one error listing every kernel's reason. The platform is a value (`detect_platform()` reads it), so
+order, honours TERNARY_KERNEL=fused|cublas|reference (auto: the same as unset; read when a
+layer is loaded, so set it before vLLM starts), and when nothing fits raises one error listing
+every kernel's reason. The platform is a value (`detect_platform()` reads it), so
 tests can inject WSL2, Windows or a machine without a GPU.
 
 - fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
@@ -21,6 +22,7 @@ tests can inject WSL2, Windows or a machine without a GPU.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -46,6 +48,7 @@ class Platform:
     capability: tuple[int, int] | None
     extension: bool  # ternary._C loaded
     extension_error: str | None = None
+    extension_archs: tuple[str, ...] | None = None  # its build_info arch_list (None: unknown)
 
     @property
     def label(self) -> str:
@@ -67,6 +70,8 @@ def detect_platform(device: torch.device | None = None) -> Platform:
         idx = device.index if device is not None and device.type == "cuda" else None
         cap = torch.cuda.get_device_capability(idx)
     err = _ext.load_error()
+    info = _ext.build_info() or {}
+    archs = tuple(a for a in re.split(r"[;, ]+", str(info.get("arch_list", ""))) if a) or None
     return Platform(
         system="windows" if os.name == "nt" or sys.platform == "win32" else "linux",
         wsl=_is_wsl(),
@@ -74,6 +79,7 @@ def detect_platform(device: torch.device | None = None) -> Platform:
         capability=cap,
         extension=_ext.load() is not None,
         extension_error=None if err is None else str(err),
+        extension_archs=archs,
     )
 
 
@@ -143,7 +149,23 @@ def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | No
         return f"{what} runs on CUDA tensors; the weight is on {device}"
     if not platform.cuda:
         return f"{what} needs a CUDA GPU; none is visible on this {platform.label} machine"
-    return None
+    return _build_misses_gpu(platform)
+
+
+def _build_misses_gpu(platform: Platform) -> str | None:
+    """ternary._C holds SASS for its arch list only, and once loaded it serves every ternary
+    op on CUDA tensors (the reference ones too): on a GPU it has no code for, each op would
+    fail at launch with "no kernel image is available"."""
+    if not (platform.extension and platform.extension_archs and platform.capability):
+        return None
+    from ternary.doctor import arch_covers
+
+    cap = ".".join(map(str, platform.capability))
+    if any(arch_covers(arch, cap) for arch in platform.extension_archs):
+        return None
+    return (f"ternary._C was built for {';'.join(platform.extension_archs)}, which has no code "
+            f"for this GPU (compute capability {cap}); rebuild it for this GPU: `ternary "
+            "doctor` names the targets that cover it, then `nox -s build-<target>`")
 
 
 class FusedKernel(Kernel):
@@ -240,6 +262,9 @@ class ReferenceKernel(Kernel):
     def can_implement(self, platform, n, k, dtype, group_size, device):
         if dtype not in ops.ACTIVATION_DTYPES:
             return False, f"ternary::gemm takes {ops.ACTIVATION_DTYPES} activations, not {dtype}"
+        why = torch.device(device).type == "cuda" and _build_misses_gpu(platform)
+        if why:
+            return False, why
         return True, "ok"
 
     def apply(self, x, prepared, bias=None):

@@ -198,11 +198,16 @@ def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
     return (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6)).contiguous()
 
 
+def _fields(packed: torch.Tensor) -> torch.Tensor:
+    """[..., 4] the four 2-bit fields of each byte, LSB first. Shifts by Python ints, not a
+    tensor of shifts: building one is a host-to-device copy, which CUDA graph capture refuses
+    (the cuBLAS and reference paths capture these ops where ternary._C is absent)."""
+    return torch.stack([packed & 3, (packed >> 2) & 3, (packed >> 4) & 3, packed >> 6], dim=-1)
+
+
 def _unpack_ref(packed: torch.Tensor) -> torch.Tensor:
     n, k = check_packed(packed)
-    packed = packed.contiguous()
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
-    codes = (packed.unsqueeze(-1) >> shifts) & 3
+    codes = _fields(packed.contiguous())
     return (codes.to(torch.int8) - 1).view(n, k)
 
 
@@ -241,8 +246,7 @@ def _repack_ref(packed: torch.Tensor) -> torch.Tensor:
     n, k = check_packed(packed)
     packed = packed.contiguous()
     nt, kt = repacked_shape(n, k)[:2]
-    codes = ((packed.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8,
-                                                    device=packed.device)) & 3).view(n, k)
+    codes = _fields(packed).view(n, k)
     full = torch.ones((nt * FUSED_TILE_N, kt * FUSED_TILE_K), dtype=torch.uint8,
                       device=packed.device)
     full[:n, :k] = codes
@@ -257,8 +261,7 @@ def _unrepack_ref(repacked: torch.Tensor, n: int, k: int) -> torch.Tensor:
     check_repacked(repacked, n, k)
     repacked = repacked.contiguous()
     nt, kt = repacked.shape[:2]
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=repacked.device)
-    c = ((repacked.unsqueeze(-1) >> shifts) & 3).view(nt, kt, 8, 4, 4, 2, 4, 2)
+    c = _fields(repacked).view(nt, kt, 8, 4, 4, 2, 4, 2)
     order = [_TILE_DIMS.split().index(d) for d in _CODES_DIMS.split()]
     codes = c.permute(order).reshape(nt * FUSED_TILE_N, kt * FUSED_TILE_K)[:n, :k]
     q = codes.reshape(n, k // 4, 4)

@@ -160,6 +160,8 @@ def test_arch_coverage_rules():
     assert doctor.arch_covers("9.0a", "9.0")
     assert not doctor.arch_covers("9.0a", "10.0")
     assert not doctor.arch_covers("8.0", "9.0")
+    assert doctor.arch_covers("8.0+PTX", "12.0") and doctor.arch_covers("9.0+PTX", "9.0")
+    assert not doctor.arch_covers("9.0+PTX", "8.9")
 
 
 def test_arch_with_no_target_says_add_one():

@@ -32,6 +32,29 @@ def test_needs_gpu():
         cli.main(["bench", "--shapes", "64x64", "--m", "1"])
 
 
+def test_needs_the_extension(monkeypatch):
+    # a GPU with no ternary._C: refused before any timing (it was a traceback after the
+    # bandwidth and FLOP probes)
+    from ternary import _ext
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_ext, "load", lambda: None)
+    monkeypatch.setattr(_ext, "load_error", lambda: None)
+    with pytest.raises(SystemExit, match=r"fused kernel of ternary._C, which is not built here; "
+                       r"build it for this GPU with `nox -s build-<target>`"):
+        cli.main(["bench", "--shapes", "64x64", "--m", "1"])
+    monkeypatch.setattr(_ext, "load_error", lambda: ImportError("undefined symbol: foo"))
+    with pytest.raises(SystemExit, match="fails to load: undefined symbol: foo"):
+        cli.main(["bench", "--shapes", "64x64", "--m", "1"])
+
+
+def test_json_folder_checked_first(tmp_path):
+    for args in (["--render", str(RESULTS / "results-h200.json")], ["--shapes", "64x64"]):
+        with pytest.raises(SystemExit, match=f"--json {tmp_path}/no/r.json: the folder "
+                           f"{tmp_path}/no does not exist"):
+            cli.main(["bench", *args, "--json", str(tmp_path / "no" / "r.json")])
+
+
 @pytest.mark.parametrize("value", ["-1", "11"])
 def test_bad_settle(value):
     with pytest.raises(SystemExit, match=f"--settle {float(value)}"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -50,6 +52,25 @@ def test_old_gpu_refused_by_fused():
                                                   torch.device("cuda"))
     assert not ok and "7.5" in why
     assert choose(old).name == "cublas"
+
+
+def test_a_build_without_code_for_this_gpu_is_refused_by_every_cuda_path():
+    # once loaded, ternary._C serves every ternary op on CUDA tensors, the reference ones too:
+    # on a GPU its arch list misses, each would fail at launch ("no kernel image")
+    a100 = dataclasses.replace(GPU, capability=(8, 0), extension_archs=("9.0a",))
+    with pytest.raises(kernels.NoKernelError) as info:
+        choose(a100)
+    why = ("ternary._C was built for 9.0a, which has no code for this GPU (compute capability "
+           "8.0); rebuild it for this GPU: `ternary doctor` names the targets that cover it, "
+           "then `nox -s build-<target>`")
+    for name in ("fused", "cublas", "reference"):
+        assert f"  {name}: {why}" in str(info.value), str(info.value)
+    with pytest.raises(kernels.NoKernelError, match="TERNARY_KERNEL=cublas cannot run"):
+        choose(a100, env={"TERNARY_KERNEL": "cublas"})
+    assert choose(a100, device="cpu").name == "reference"
+    for archs, cap in ((("8.0",), (8, 6)), (("8.0", "9.0a"), (9, 0)), (("8.0+PTX",), (12, 0))):
+        assert choose(dataclasses.replace(GPU, capability=cap, extension_archs=archs)
+                      ).name == "fused", (archs, cap)
 
 
 def test_cpu_weights_take_reference():

@@ -299,6 +299,39 @@ def test_cuda_graph_capture_and_replay():
         _check(y, x.double() @ _dense64(codes, scale, 0).t(), torch.bfloat16, "graph replay")
 
 
+@pytest.mark.parametrize("group_size", [0, 64])
+def test_reference_ops_capture_in_a_cuda_graph(group_size):
+    """Where ternary._C is absent (the WSL2 / Windows fallback) the cuBLAS and reference paths
+    run the PyTorch reference ops on CUDA tensors, and vLLM captures them in CUDA graphs: no
+    host-to-device copy or sync may hide in them. Called directly, as _C overrides them here."""
+    _rng()
+    n, k, m = 40, 200, 5
+    codes, scale = _weights(n, k, "group" if group_size else "channel", group_size)
+    packed = ops._pack_ref(codes)
+    repacked = ops._repack_ref(packed)
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    calls = {
+        "dequantize + mm": lambda: torch.mm(x, ops._dequantize_ref(packed, scale, group_size,
+                                                                   x.dtype).t()),
+        "gemm": lambda: ops._gemm_ref(x, packed, scale, group_size, None),
+        "gemm_fused": lambda: ops._gemm_fused_ref(x, repacked, scale, group_size, n, None),
+        "linear_fused, dequantize route": lambda: ops._linear_fused_ref(
+            x, repacked, None, scale, group_size, n, 0, None),
+    }
+    for what, call in calls.items():
+        call()  # warm-up outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = call()
+        x.copy_(torch.randn_like(x))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(y, x.double() @ _dense64(codes, scale, group_size).t(), torch.bfloat16,
+               f"{what} replayed, group_size {group_size}")
+
+
 def test_torch_compile_reduce_overhead():
     _rng()
     n, k = 96, 256
