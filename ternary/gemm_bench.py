@@ -20,7 +20,8 @@ times them all at the clock they settle at.
 The 2-bit bandwidth floor of a call is (K*N/4 weight bytes + M*K*2 + M*N*2 activation bytes)
 over the copy bandwidth measured in the same run, and the bf16 compute floor 2 M N K over the
 bf16 matmul rate measured there; "floor %" is the larger of the two over the time of `auto`
-(the kernel the policy picks), so 100 is the floor reached.
+(the kernel the policy picks), so 100 is the floor reached. Both rates are probes (a copy, one
+bf16 matmul shape), not peaks: a kernel that beats the probe's rate reads above 100.
 """
 
 from __future__ import annotations

@@ -142,6 +142,11 @@ def check_x(x: torch.Tensor, prepared: Prepared) -> None:
     if x.dim() < 1 or x.shape[-1] != prepared.k:
         raise ValueError(f"x has K={x.shape[-1] if x.dim() else None} but the layer's weight "
                          f"has K={prepared.k} (x shape {list(x.shape)})")
+    if x.device != prepared.scale.device:
+        raise ValueError(f"x is on {x.device} but the layer's weight is on "
+                         f"{prepared.scale.device}; move x there")
+    if x.dtype not in ops.ACTIVATION_DTYPES:
+        raise ValueError(f"x is {x.dtype}; the layer takes {ops.ACTIVATION_DTYPES} activations")
 
 
 def _needs_cuda(platform: Platform, device: torch.device, what: str) -> str | None:

@@ -184,6 +184,17 @@ def test_fused_apply_refuses_other_k():
         kernel.apply(torch.zeros(1, 96, dtype=torch.bfloat16), prepared)
 
 
+@pytest.mark.parametrize("name", ["fused", "cublas"])
+def test_apply_refuses_x_of_another_dtype_or_device(name):
+    # (checked in Python on CPU tensors: apply's own checks come before any op)
+    kernel = kernels.KERNELS[name]()
+    prepared = kernel.prepare(ops.pack(torch.zeros(8, 64, dtype=torch.int8)), torch.ones(8), 0)
+    with pytest.raises(ValueError, match=r"x is torch.int32; the layer takes \(torch.float16, "):
+        kernel.apply(torch.zeros(1, 64, dtype=torch.int32), prepared)
+    with pytest.raises(ValueError, match="x is on meta but the layer's weight is on cpu"):
+        kernel.apply(torch.zeros(1, 64, dtype=torch.bfloat16, device="meta"), prepared)
+
+
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("one_copy", [False, True])
 def test_fused_routes_match_with_or_without_the_canonical_copy(m, one_copy):
