@@ -70,6 +70,14 @@ def build_info() -> dict[str, object] | None:
     return dict(module.build_info())  # type: ignore[attr-defined]
 
 
+def arch_list(info: dict | None) -> list[str]:
+    """The archs of a build_info() (its "arch_list", "8.0;8.6;9.0a"), as a list."""
+    import re
+
+    value = (info or {}).get("arch_list") or []
+    return [a for a in re.split(r"[;, ]+", value) if a] if isinstance(value, str) else list(value)
+
+
 def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> str:
     """The CUDA kernel ternary::gemm_fused picks for x [m, k] and n outputs on `device`
     ("decode", "decode_pair", "decode_shallow", ..., "fused_gemm", "fused_gemm_nt",

@@ -307,9 +307,9 @@ def check_archs(p: Probes, gpus: list[tuple[str, str]]) -> list[Check]:
                           "rebuild for this torch: nox -s build-<target>")]
         return [Check("ternary._C", WARN, "not built: the PyTorch reference ops run",
                       "nox -s build-<target> for the CUDA kernels")]
-    archs = info.get("arch_list") or []
-    if isinstance(archs, str):
-        archs = [a for a in re.split(r"[;, ]+", archs) if a]
+    from ternary import _ext
+
+    archs = _ext.arch_list(info)
     out = [Check("ternary._C", OK, f"built with CUDA {info.get('cuda_version')} for "
                  f"{';'.join(archs)} ({info.get('git_revision', '?')})")]
     for i, (name, cap) in enumerate(gpus):

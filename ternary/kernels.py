@@ -22,7 +22,6 @@ tests can inject WSL2, Windows or a machine without a GPU.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from dataclasses import dataclass
 
@@ -70,8 +69,7 @@ def detect_platform(device: torch.device | None = None) -> Platform:
         idx = device.index if device is not None and device.type == "cuda" else None
         cap = torch.cuda.get_device_capability(idx)
     err = _ext.load_error()
-    info = _ext.build_info() or {}
-    archs = tuple(a for a in re.split(r"[;, ]+", str(info.get("arch_list", ""))) if a) or None
+    archs = tuple(_ext.arch_list(_ext.build_info())) or None
     return Platform(
         system="windows" if os.name == "nt" or sys.platform == "win32" else "linux",
         wsl=_is_wsl(),

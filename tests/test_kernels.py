@@ -342,3 +342,11 @@ def test_cublas_apply_refuses_a_bias_the_fused_route_refuses(bias, match):
         kernel.apply(x, prepared, bias)
     with pytest.raises(ValueError, match="x has K=196 but the layer's weight has K=200"):
         kernel.apply(x[:, :196], prepared)
+
+
+def test_build_arch_list_as_build_info_gives_it():
+    from ternary import _ext
+
+    assert _ext.arch_list({"arch_list": "8.0;8.6, 9.0a"}) == ["8.0", "8.6", "9.0a"]
+    assert _ext.arch_list({"arch_list": ["8.9"]}) == ["8.9"]
+    assert _ext.arch_list(None) == [] and _ext.arch_list({}) == []

@@ -62,18 +62,21 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     skip = list(dict.fromkeys(list(src_skip) + list(not_convert)
                               + (["lm_head"] if "lm_head.weight" in files else [])))
     linear = [t[: -len(".weight")] for t in files.names() if t.endswith(".weight")]
-    for fused, listed, missing in split_fused_layers(linear, skip):
+    split = split_fused_layers(linear, skip)
+    if split:
+        fused, listed, missing = split[0]
         raise FormatError(src / CONFIG, None, f"modules_to_not_convert of the result would list "
                           f"{listed} but not {missing}, which vLLM loads as one layer "
                           f"{fused!r}", "pass --not-convert for all of them or for none")
     names = ckpt.module_names()
     quantized = [n for n in names if not not_converted(n, list(not_convert))]
     # all at once: module by module, each retry of a large model would find the next one
-    odd = [n for n in quantized if files.shape(f"{n}.weight")[-1] % 4]
+    odd = [n for n in quantized
+           if len(files.shape(f"{n}.weight")) == 2 and files.shape(f"{n}.weight")[1] % 4]
     if odd:
         kinds = sorted({".".join(n.split(".")[-2:]) for n in odd})
         raise FormatError(files.file_of(f"{odd[0]}.weight"), f"{odd[0]}.weight",
-                          f"K={files.shape(odd[0] + '.weight')[-1]} is not a multiple of 4 here "
+                          f"K={files.shape(odd[0] + '.weight')[1]} is not a multiple of 4 here "
                           f"and in {len(odd) - 1} more module(s) ({', '.join(kinds)}), so the "
                           "canonical [N, K/4] packing cannot hold them",
                           f"keep them dense: --not-convert {' '.join(kinds)}")
