@@ -23,6 +23,10 @@ def add_arguments(p) -> None:
                    help="vendor-int8: the group size the scale columns are stored at")
     p.add_argument("--not-convert", action="append", default=[], metavar="MODULE",
                    help="keep MODULE (and what is inside it) unquantized; repeatable")
+    p.add_argument("--activation", choices=("none", "int8_per_token"),
+                   help="how the layers treat their input (default: the source's own: "
+                   "int8_per_token for bitnet, none otherwise); int8_per_token for a dense "
+                   "export of a model trained with int8 activations")
     p.add_argument("--max-shard-size", type=positive_int, default=2 << 30, metavar="BYTES",
                    help="largest output shard (default 2 GiB)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -51,7 +55,7 @@ def run(args) -> int:
             report = convert(args.src, args.dst, source_format=args.source_format,
                              code_map=args.code_map, group_size=args.group_size,
                              not_convert=args.not_convert, max_shard_bytes=args.max_shard_size,
-                             progress=progress)
+                             activation=args.activation, progress=progress)
         except (FormatError, OSError) as e:
             if isinstance(e, FormatError):
                 why = str(e)
@@ -75,6 +79,7 @@ def run(args) -> int:
                        ("modules kept dense", ", ".join(report.kept_dense) or "none"),
                        ("scale", report.scale + (f", group_size {report.group_size}"
                                                  if report.group_size else "")),
+                       ("activation", report.activation),
                        ("tensors copied", report.tensors_copied),
                        ("files copied", ", ".join(report.files_copied) or "none"),
                        ("shards", len(report.shards)),

@@ -29,6 +29,8 @@ def run(args) -> int:
 
     console = Console()
     console.print(f"{report['dir']}: format {report['format'] or 'unknown'}", highlight=False)
+    if report.get("activation"):
+        console.print(f"  activation: {report['activation']}", highlight=False)
     for key, value in report["detected"].items():
         console.print(f"  {key}: {value}", highlight=False, markup=False,
                       soft_wrap=True)

@@ -2,7 +2,12 @@
 tiiuae/Falcon3-*-1.58bit, HF1BitLLM/Llama3-8B-1.58): P.weight uint8 [ceil(N/4), K] packed
 along N in four row blocks (byte row r, bits 2i..2i+1 hold logical row i*R + r, R =
 ceil(N/4)), code w + 1; P.weight_scale one bf16 value. quantization_config.linear_class
-"autobitlinear" multiplies by the scale, "bitlinear" (the default) divides by it."""
+"autobitlinear" multiplies by the scale, "bitlinear" (the default) divides by it.
+
+Every bitnet checkpoint is W1.58A8: both linear classes quantize their input per token to
+int8 (activation "int8_per_token" in canonical terms). quantization_mode "online" with
+autobitlinear stores dense float master weights that transformers' WeightQuant quantizes in
+every forward (per tensor, absmean); read here exactly as WeightQuant computes them."""
 
 from __future__ import annotations
 
@@ -11,11 +16,23 @@ import torch
 from ternary.formats import module as m
 from ternary.formats.errors import Problem
 from ternary.formats.files import ModelFiles
-from ternary.formats.modules import expected_shape
+from ternary.formats.modules import expected_shape, is_linear
 
 NAME = "bitnet"
 LINEAR_CLASSES = ("bitlinear", "autobitlinear")
 SCALE_DTYPES = ("BF16", "F16", "F32")
+ACTIVATION = "int8_per_token"
+QUANTIZATION_MODES = ("offline", "online")
+
+
+def linear_class(qc: dict) -> str:
+    return qc.get("linear_class") or "bitlinear"
+
+
+def is_online(qc: dict) -> bool:
+    """Dense master weights quantized at load: transformers does that for autobitlinear only
+    (BitLinear always reads packed weights, whatever quantization_mode says)."""
+    return linear_class(qc) == "autobitlinear" and qc.get("quantization_mode") == "online"
 
 
 def pack_rows(codes: torch.Tensor) -> torch.Tensor:
@@ -48,10 +65,15 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
     if cls not in LINEAR_CLASSES:
         out.append((f"quantization_config.linear_class is {cls!r}; expected one of "
                      f"{LINEAR_CLASSES}", "fix config.json"))
-    if qc.get("quantization_mode", "offline") != "offline":
-        out.append((f"quantization_config.quantization_mode is {qc['quantization_mode']!r}: the "
-                    "weights are stored dense and quantized on the fly, there is nothing packed "
-                    "to read", "convert it with `ternary convert --from dense`"))
+    mode = qc.get("quantization_mode", "offline")
+    if mode not in QUANTIZATION_MODES:
+        out.append((f"quantization_config.quantization_mode is {mode!r}; expected one of "
+                    f"{list(QUANTIZATION_MODES)}", "fix config.json"))
+    if qc.get("use_rms_norm"):
+        out.append(("quantization_config.use_rms_norm is true: each BitLinear normalizes its "
+                    "input with an RMSNorm of its own, which vllm-ternary does not serve",
+                    "serve it with transformers, or fold the norms into the model and set "
+                    "use_rms_norm to false"))
     out.extend(m.skip_list_problems(qc))
     return out
 
@@ -59,11 +81,55 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
 def prepare(files: ModelFiles, problems: list[Problem], **_overrides) -> dict:
     qc = files.quantization_config
     ok = m.config_ok(files, config_problems(qc), problems)
-    return {"linear_class": (qc.get("linear_class") or "bitlinear") if ok else None}
+    packed = [t for t in files.names() if t.endswith(".weight") and files.dtype(t) == "U8"]
+    if ok and is_online(qc) and packed:
+        problems.append(m.problem(
+            files, None, f"quantization_config says quantization_mode 'online' (dense "
+            f"master weights, quantized at load), but {len(packed)} weight(s) are stored packed "
+            f"(uint8, e.g. {packed[0]})", "set quantization_mode to 'offline' for packed weights"))
+        ok = False
+    return {"linear_class": linear_class(qc) if ok else None, "online": is_online(qc)}
 
 
 def module_names(files: ModelFiles) -> list[str]:
+    if is_online(files.quantization_config):
+        from ternary.formats import dense
+
+        # transformers replaces every nn.Linear but lm_head and modules_to_not_convert
+        skip = list(files.quantization_config.get("modules_to_not_convert") or [])
+        return sorted(t[: -len(".weight")] for t in files.names()
+                      if t.endswith(".weight") and files.dtype(t) in dense.FLOAT_DTYPES
+                      and is_linear(t[: -len(".weight")], files.shape(t), skip))
     return m.quantized_module_names(files, "U8")
+
+
+def weight_quant(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' WeightQuant (online autobitlinear) as codes and a per-tensor scale:
+    in float32, scale = 1 / max(mean|w|, 1e-5), codes = round_half_even(w * scale) clamped to
+    [-1, 1], and the weight it computes with is codes / scale, which for codes in {-1, 0, 1}
+    is codes * (1 / scale) exactly (division is correctly rounded). Returns (codes int8,
+    float32 [1] = 1 / scale)."""
+    wf = w.to(torch.float32)
+    scale = 1.0 / wf.abs().mean().clamp_(min=1e-5)
+    codes = (wf * scale).round().clamp(-1, 1).to(torch.int8)
+    return codes, (1.0 / scale).reshape(1)
+
+
+def _read_online(files: ModelFiles, name: str, problems: list[Problem]
+                 ) -> m.TernaryModule | None:
+    from ternary.formats import dense
+
+    w = dense.read_dense(files, name, problems)
+    if w is None:
+        return None
+    codes, s = weight_quant(w)
+    n, k = codes.shape
+    return m.TernaryModule(name, n, k, s, 0, str(files.file_of(f"{name}.weight")), codes_=codes,
+                           info={"stored": f"{files.dtype(name + '.weight')} {[n, k]}",
+                                 "packing": "dense (online)",
+                                 "scale": f"tensor x {s.item():g} (absmean, at load)",
+                                 "group_size": None,
+                                 "note": "quantized at load as transformers' WeightQuant"})
 
 
 def _padding_rows(files: ModelFiles, wt: str, fields: torch.Tensor, problems: list[Problem]
@@ -89,6 +155,8 @@ def _padding_rows(files: ModelFiles, wt: str, fields: torch.Tensor, problems: li
 
 def read(files: ModelFiles, name: str, state: dict,
          problems: list[Problem]) -> m.TernaryModule | None:
+    if state["online"]:
+        return _read_online(files, name, problems) if state["linear_class"] else None
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
     ok = m.require(files, wt, "packed weight (uint8 [ceil(N/4), K])", problems)

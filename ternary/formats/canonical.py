@@ -1,8 +1,13 @@
-"""The canonical `ternary` format, version 1 (DESIGN.md, Formats): per quantized linear P,
+"""The canonical `ternary` format, version 1 (docs/formats.md): per quantized linear P,
 P.weight uint8 [N, K/4] packed along K, LSB first, code = w + 1 (3 invalid), and
 P.weight_scale float32 [1] / [N] / [N, ceil(K/group_size)]; config.json says
 {"quant_method": "ternary", "version": 1, "scale": ..., "group_size": ...,
-"modules_to_not_convert": [...]}."""
+"activation": "none" | "int8_per_token", "modules_to_not_convert": [...]}.
+
+`activation` (absent: "none") is how the layers treat their input: "none" multiplies the
+float activations as they are (W1.58A16); "int8_per_token" quantizes each token's input to
+int8 first, exactly as transformers' bitnet layers do (W1.58A8): s = 127 / max|x| (clamped
+at 1e-5), x_q = round_half_even(x * s) clamped to [-128, 127], y = (x_q . w) / s."""
 
 from __future__ import annotations
 
@@ -16,13 +21,20 @@ from ternary.formats.modules import expected_shape
 NAME = "ternary"
 VERSION = 1
 SCALE_MODES = ("channel", "tensor", "group")
+ACTIVATIONS = ("none", "int8_per_token")
 
 
 def quantization_config(scale: str, group_size: int | None,
-                        modules_to_not_convert: list[str]) -> dict:
+                        modules_to_not_convert: list[str], activation: str = "none") -> dict:
     return {"quant_method": NAME, "version": VERSION, "scale": scale,
             "group_size": group_size if scale == "group" else None,
+            "activation": activation,
             "modules_to_not_convert": list(modules_to_not_convert)}
+
+
+def activation(qc: dict) -> str:
+    """The activation mode a (checked) canonical quantization_config states."""
+    return qc.get("activation") or "none"
 
 
 def encode(codes: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -53,6 +65,12 @@ def config_problems(qc: dict) -> list[tuple[str, str]]:
     elif scale != "group" and group_size is not None:
         out.append((f"quantization_config.group_size is {group_size!r} with scale {scale!r}; "
                     "group_size applies to scale 'group' only", "set group_size to null"))
+    act = qc.get("activation", "none")
+    if act is not None and act not in ACTIVATIONS:
+        out.append((f"quantization_config.activation is {act!r}; expected one of "
+                    f"{list(ACTIVATIONS)} (absent means 'none')",
+                    "fix config.json: 'int8_per_token' for models trained with int8 "
+                    "activations (BitNet b1.58), 'none' for float activations"))
     out.extend(m.skip_list_problems(qc))
     return out
 

@@ -28,6 +28,7 @@ class ConvertReport:
     destination: str
     scale: str
     group_size: int | None
+    activation: str
     modules: int
     kept_dense: list[str]
     tensors_copied: int
@@ -40,8 +41,12 @@ class ConvertReport:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: str | None = None,
             code_map: str | None = None, group_size: int | None = None,
             not_convert: list[str] | tuple = (), max_shard_bytes: int = 2 << 30,
+            activation: str | None = None,
             progress: Callable[[int, int, str], None] | None = None) -> ConvertReport:
     """Write `src` (bitnet, vendor-int8 or dense) to `dst` in the canonical format.
+    `activation` (canonical.ACTIVATIONS) is the source's own by default: int8_per_token for
+    bitnet, none otherwise; a dense export of a model trained with int8 activations (BitNet
+    master weights) needs int8_per_token said, and a bitnet source refuses "none".
     `progress(done_bytes, total_bytes, tensor)` is called after each source tensor."""
     src, dst = Path(src), Path(dst)
     if dst.exists() and not dst.is_dir():
@@ -50,7 +55,17 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     if dst.exists() and (dst.resolve() == src.resolve() or any(dst.iterdir())):
         raise FormatError(dst, None, "destination exists and is not empty",
                           "choose a new directory or remove it first")
+    if activation is not None and activation not in canonical.ACTIVATIONS:
+        raise FormatError(src, None, f"activation {activation!r} is not one of "
+                          f"{list(canonical.ACTIVATIONS)}", "pass --activation none or "
+                          "int8_per_token")
     ckpt = Checkpoint(src, format=source_format, code_map=code_map, group_size=group_size)
+    if activation is None:
+        activation = ckpt.activation
+    elif activation != ckpt.activation and ckpt.activation != "none":
+        raise FormatError(src / CONFIG, None, f"the {ckpt.format} source computes with "
+                          f"activation {ckpt.activation!r}; writing {activation!r} would change "
+                          "what the model computes", "drop --activation")
     if ckpt.format == canonical.NAME:
         raise FormatError(src / CONFIG, None, "already in the canonical ternary format",
                           "nothing to convert; `ternary inspect` checks it")
@@ -128,7 +143,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
         notes += [f"scale of {c} module(s): {why}" for why, c in group_notes.items()]
         copied_files = _copy_side_files(src, tmp)
         config = dict(files.config)
-        config["quantization_config"] = canonical.quantization_config(mode, g, skip)
+        config["quantization_config"] = canonical.quantization_config(mode, g, skip, activation)
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         ckpt.close()
         if dst.exists():
@@ -137,7 +152,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ConvertReport(str(src), ckpt.format, str(dst), mode, g, len(quantized), kept,
+    return ConvertReport(str(src), ckpt.format, str(dst), mode, g, activation, len(quantized), kept,
                          copied, copied_files, [str(dst / s.name) for s in shards],
                          writer.total_bytes, notes)
 

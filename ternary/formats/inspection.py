@@ -14,6 +14,7 @@ from ternary.formats.reader import Checkpoint
 
 def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
     report = {"dir": str(model_dir), "format": None, "quantization_config": None,
+              "activation": None,
               "detected": {}, "modules": [], "problems": []}
     try:
         ckpt = Checkpoint(model_dir, keep_going=True, **overrides)
@@ -24,6 +25,7 @@ def inspect(model_dir: str | os.PathLike, **overrides) -> dict:
     with ckpt:
         report["format"] = ckpt.format
         report["quantization_config"] = ckpt.files.quantization_config or None
+        report["activation"] = ckpt.activation
         if "code_map" in ckpt.state:
             report["detected"]["code_map"] = ckpt.state["code_map"]
             report["detected"]["code_map_evidence"] = ckpt.state["code_map_evidence"]

@@ -88,6 +88,17 @@ class Checkpoint:
     def config(self) -> dict:
         return self.files.config
 
+    @property
+    def activation(self) -> str:
+        """How the model's quantized layers treat their input (docs/formats.md): every bitnet
+        checkpoint is int8_per_token, a canonical one says so in its quantization_config,
+        vendor-int8 and dense ones are float ("none")."""
+        if self.format == bitnet.NAME:
+            return bitnet.ACTIVATION
+        if self.format == canonical.NAME:
+            return canonical.activation(self.files.quantization_config)
+        return "none"
+
     def module_names(self) -> list[str]:
         return self.impl.module_names(self.files)
 
@@ -111,6 +122,7 @@ class Checkpoint:
     def dequantize(self, name: str) -> torch.Tensor:
         """float32 [N, K]: the dense weight exactly as the checkpoint defines it."""
         name = _strip(name)
+        self._raise_first(self.problems)  # a config that misreads every module comes first
         if self.format == dense.NAME:
             problems: list[Problem] = []
             w = dense.read_dense(self.files, name, problems)

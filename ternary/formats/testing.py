@@ -101,7 +101,8 @@ def write_dense(model_dir, config: dict | None = None, seed: int = 0,
 
 
 def write_canonical(model_dir, config: dict | None = None, seed: int = 0, scale: str = "channel",
-                    group_size: int | None = None, max_shard_bytes: int = 2 << 30) -> Path:
+                    group_size: int | None = None, max_shard_bytes: int = 2 << 30,
+                    activation: str = "none") -> Path:
     config = config or llama_config()
     gen = torch.Generator().manual_seed(seed)
     tensors = _other_tensors(config, gen)
@@ -111,7 +112,8 @@ def write_canonical(model_dir, config: dict | None = None, seed: int = 0, scale:
         s = torch.rand(*shape, generator=gen) * 0.1 + 0.01
         for suffix, t in canonical.encode(random_codes(n, k, gen), s).items():
             tensors[f"{name}.{suffix}"] = t
-    config = {**config, "quantization_config": canonical.quantization_config(scale, group_size, [])}
+    config = {**config, "quantization_config": canonical.quantization_config(
+        scale, group_size, [], activation)}
     return write_model(model_dir, config, tensors, max_shard_bytes)
 
 
@@ -132,6 +134,17 @@ def write_bitnet(model_dir, config: dict | None = None, seed: int = 0,
         qc["linear_class"] = linear_class
     return write_model(model_dir, {**config, "quantization_config": qc}, tensors,
                        max_shard_bytes)
+
+
+def write_bitnet_online(model_dir, config: dict | None = None, seed: int = 0,
+                        dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A bitnet checkpoint in quantization_mode "online" (autobitlinear): dense master
+    weights, as microsoft/bitnet-b1.58-2B-4T-bf16 stores them."""
+    path = write_dense(model_dir, config, seed, dtype=dtype, zero_rows=False)
+    edit_config(path, quantization_config={"quant_method": "bitnet",
+                                           "linear_class": "autobitlinear",
+                                           "quantization_mode": "online"})
+    return path
 
 
 def write_vendor_int8(model_dir, config: dict | None = None, seed: int = 0,

@@ -218,6 +218,8 @@ def test_vendor_ambiguous_group_size(tmp_path):
     ({"quant_method": "ternary", "version": 1, "scale": "group"}, "group_size is None"),
     ({"quant_method": "ternary", "version": 1, "scale": "channel", "group_size": 32},
      "group_size is 32 with scale 'channel'"),
+    ({"quant_method": "ternary", "version": 1, "scale": "channel", "activation": "int4"},
+     "activation is 'int4'; expected one of ['none', 'int8_per_token']"),
 ])
 def test_bad_canonical_config(tmp_path, qc, words):
     d = T.write_canonical(tmp_path / "m")
@@ -227,7 +229,11 @@ def test_bad_canonical_config(tmp_path, qc, words):
 
 @pytest.mark.parametrize("qc,words", [
     ({"quant_method": "bitnet", "linear_class": "fancy"}, "linear_class is 'fancy'"),
-    ({"quant_method": "bitnet", "quantization_mode": "online"}, "convert --from dense"),
+    ({"quant_method": "bitnet", "quantization_mode": "sometimes"},
+     "quantization_mode is 'sometimes'"),
+    ({"quant_method": "bitnet", "use_rms_norm": True}, "use_rms_norm is true"),
+    ({"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"},
+     "stored packed"),
 ])
 def test_bad_bitnet_config(tmp_path, qc, words):
     d = T.write_bitnet(tmp_path / "m")

@@ -61,7 +61,8 @@ def test_bitnet_matches_reference_and_survives_conversion(ref, tmp_path, linear_
         assert torch.equal(dequantize(dst, name), want), name
     qc = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert qc == {"quant_method": "ternary", "version": 1, "scale": "tensor",
-                  "group_size": None, "modules_to_not_convert": ["lm_head"]}
+                  "group_size": None, "activation": "int8_per_token",
+                  "modules_to_not_convert": ["lm_head"]}
     assert (dst / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
 
 
