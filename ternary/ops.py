@@ -39,6 +39,9 @@ LIB.define("gemm_fused(Tensor x, Tensor repacked, Tensor scale, int group_size, 
 # bench times the fused kernel's four GEMMs at 0.06 ms).
 LIB.define("linear_fused(Tensor x, Tensor repacked, Tensor? packed, Tensor scale, int group_size, "
            "int n, int max_m, Tensor? bias) -> Tensor")
+# Activation int8_per_token (docs/formats.md): x -> (x_q, s) with x ~= x_q / s per row; x_q in
+# out_dtype (int8, or x's float dtype for the float kernels, where |x_q| <= 128 is exact).
+LIB.define("quantize_act_int8(Tensor x, ScalarType out_dtype) -> (Tensor, Tensor)")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -180,8 +183,36 @@ def check_linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Te
     return k
 
 
+ACT_QMAX, ACT_QMIN, ACT_EPS = 127, -128, 1e-5
+
+
+def check_quantize_act(x: torch.Tensor, out_dtype: torch.dtype) -> None:
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"quantize_act_int8 takes {ACTIVATION_DTYPES} activations; got x "
+                         f"{x.dtype} {list(x.shape)}")
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"quantize_act_int8 needs x with a non-empty last dimension; got "
+                         f"{list(x.shape)}")
+    if out_dtype not in (torch.int8, x.dtype):
+        raise ValueError(f"quantize_act_int8 writes x_q as int8 or as x's dtype {x.dtype}; got "
+                         f"out_dtype={out_dtype}")
+
+
 # ---------------------------------------------------------------------------------------
 # Reference implementation (every device).
+
+
+def _quantize_act_int8_ref(x: torch.Tensor, out_dtype: torch.dtype
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' bitnet activation quantization, in float32 (ActQuant's arithmetic, and
+    BitLinear's for float32 x): s = 127 * (1 / max(max|x|, 1e-5)) (Python's `127 / t` is
+    t.reciprocal() * 127), x_q = round_half_even(x * s) clamped to [-128, 127]."""
+    check_quantize_act(x, out_dtype)
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(dim=-1, keepdim=True).clamp(min=ACT_EPS)
+    s = amax.reciprocal() * ACT_QMAX
+    q = (xf * s).round().clamp(ACT_QMIN, ACT_QMAX)
+    return q.to(out_dtype), s
 
 
 def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
@@ -310,6 +341,7 @@ LIB.impl("unrepack", _unrepack_ref, "CompositeExplicitAutograd")
 LIB.impl("dequantize_repacked", _dequantize_repacked_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
+LIB.impl("quantize_act_int8", _quantize_act_int8_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -375,6 +407,13 @@ def _gemm_fused_fake(x, repacked, scale, group_size, n, bias):
 def _linear_fused_fake(x, repacked, packed, scale, group_size, n, max_m, bias):
     check_linear_fused(x, repacked, packed, scale, group_size, n, bias)
     return x.new_empty((*x.shape[:-1], n))
+
+
+@_register_fake("ternary::quantize_act_int8")
+def _quantize_act_int8_fake(x, out_dtype):
+    check_quantize_act(x, out_dtype)
+    return (x.new_empty(x.shape, dtype=out_dtype),
+            x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
 
 
 # Load the compiled CUDA kernels (if built) after the schemas exist.
@@ -459,3 +498,27 @@ def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor |
     and torch.mm. The choice happens inside the op at run time, so compiled graphs keep both
     routes."""
     return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)
+
+
+def quantize_act_int8(x: torch.Tensor, out_dtype: torch.dtype | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token int8 quantization of activations exactly as transformers' bitnet layers do
+    it (docs/formats.md, activation int8_per_token): returns (x_q, s), x_q integer-valued in
+    [-128, 127] as `out_dtype` (default x's dtype; int8 also), s float32 [..., 1] with
+    x ~= x_q / s. One pass over each row on CUDA."""
+    return torch.ops.ternary.quantize_act_int8(x, x.dtype if out_dtype is None else out_dtype)
+
+
+def linear_a8(x: torch.Tensor, linear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = (x_q . codes) * w_scale / s_x (+ bias) for a layer whose activation mode is
+    int8_per_token: `linear(x_q)` is the layer's ternary GEMM without bias, fed the
+    integer-valued x_q in x's dtype. Integer x_q (|x_q| <= 128) times ternary codes sums
+    exactly in the kernels' float32 accumulators while K * 128 < 2^24 (K < 131072), so with a
+    channel or tensor scale the GEMM is the exact integer sum times w_scale, rounded once to
+    x's dtype; past that bound (or with group scales, applied per K tile) it is float32
+    rounding as for any float input. The division by s happens in float32."""
+    xq, s = quantize_act_int8(x)
+    y = (linear(xq).to(torch.float32) / s).to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y

@@ -99,6 +99,7 @@ def _samples():
         "repack": (packed,),
         "unrepack": (ops.repack(packed), n, k),
         "gemm_fused": (x, ops.repack(packed), scale, 0, n, bias),
+        "quantize_act_int8": (x, torch.int8),
     }
 
 
@@ -213,3 +214,103 @@ def test_large_m_cap_reads_the_env(monkeypatch):
         monkeypatch.setenv(ops.LARGE_M_ENV, bad)
         with pytest.raises(ValueError, match=r"TERNARY_LARGE_M_MAX must be a row count >= 0.*" + re.escape(repr(bad))):
             ops.large_m_cap()
+
+
+# ---------------------------------------------------------------------------------------
+# int8 activations per token (docs/formats.md): the reference against transformers' own
+# bitnet layers, and linear_a8 against float64.
+
+
+def _outlier_rows(m, k, dtype, seed):
+    """Activations as trained models have them: a few channels far larger than the rest."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, torch.randperm(k, generator=g)[:3]] *= 40
+    x[0] = 0  # a row of zeros: the 1e-5 clamp
+    return x.to(dtype)
+
+
+def _eager(fn):
+    return getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
+
+
+@pytest.mark.parametrize("k", [3, 64, 100, 2561])
+def test_quantize_act_int8_equals_transformers_bitnet_layers(k):
+    """The two places transformers defines it, in float32: BitLinear.activation_quant (x_q and
+    s) and ActQuant (AutoBitLinear's, x_q / s)."""
+    tf = pytest.importorskip("transformers.integrations.bitnet")
+    x = _outlier_rows(37, k, torch.float32, seed=k)
+    q, s = ops.quantize_act_int8(x)
+    q8, s8 = ops.quantize_act_int8(x, torch.int8)
+    with torch._dynamo.config.patch(disable=True):
+        want_q, want_s = _eager(tf.BitLinear.activation_quant)(None, x)
+        want_deq = _eager(tf.ActQuant.forward)(None, x.clone())
+    assert torch.equal(q8, want_q) and torch.equal(q, want_q.to(torch.float32))
+    assert torch.equal(s, want_s) and torch.equal(s8, s)
+    assert torch.equal(q / s, want_deq)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantize_act_int8_matches_float64(dtype):
+    x = _outlier_rows(64, 300, dtype, seed=torch.seed() % 2**31).view(4, 16, 300)
+    q, s = ops.quantize_act_int8(x)
+    assert q.dtype == dtype and s.dtype == torch.float32 and s.shape == (4, 16, 1)
+    xf = x.to(torch.float32)
+    amax = xf.abs().amax(-1, keepdim=True).clamp(min=1e-5)
+    s64 = torch.tensor(127.0, dtype=torch.float64) * (1.0 / amax.double()).float().double()
+    assert torch.equal(s.double(), s64.float().double())
+    prod = (xf.double() * s.double()).float().double()  # one float32 multiply
+    want = torch.round(prod).clamp(-128, 127)  # torch.round: half to even
+    assert torch.equal(q.double(), want)
+    assert q.abs().max() <= 127
+
+
+def test_quantize_act_int8_rounds_half_to_even():
+    # s = 127 / 127 = 1: x * s is x itself, so .5 cases are exact
+    x = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, 126.5]])
+    q, s = ops.quantize_act_int8(x)
+    assert s.item() == 1.0
+    assert q.tolist() == [[127.0, 0.0, 2.0, 2.0, -0.0, -2.0, 126.0]]
+
+
+@pytest.mark.parametrize("x,out,match", [
+    (torch.zeros(2, 0), None, r"non-empty last dimension; got \[2, 0\]"),
+    (torch.zeros(2, 4, dtype=torch.int32), None, r"got x torch.int32 \[2, 4\]"),
+    (torch.zeros(2, 4), torch.float16, r"as int8 or as x's dtype torch.float32; got "
+     r"out_dtype=torch.float16"),
+])
+def test_quantize_act_int8_refusals(x, out, match):
+    with pytest.raises(ValueError, match=match):
+        ops.quantize_act_int8(x, out)
+
+
+@pytest.mark.parametrize("group_size", [0, 64])
+def test_linear_a8_matches_int64_sum(group_size):
+    m, n, k = 9, 40, 256
+    codes = _codes(n, k)
+    scale = (torch.rand(n, k // group_size) if group_size else torch.rand(n)) + 0.1
+    packed = ops.pack(codes)
+    x = _outlier_rows(m, k, torch.float32, seed=torch.seed() % 2**31)
+    bias = torch.randn(n)
+    y = ops.linear_a8(x, lambda xq: ops.gemm(xq, packed, scale, group_size), bias)
+    q, s = ops.quantize_act_int8(x, torch.int8)
+    if group_size:
+        acc = torch.einsum("mgk,ngk->mng", q.long().view(m, -1, group_size),
+                           codes.long().view(n, -1, group_size))  # exact, per group
+        want = (acc.double() * scale.double()).sum(-1)
+    else:
+        want = (q.long() @ codes.long().t()).double() * scale.double()
+    want = want / s.double() + bias.double()
+    err = float((y.double() - want).norm() / want.norm())
+    assert err < 1e-6, err  # float32: the products and one division round
+    # and the rows of zeros stay zero before the bias
+    assert torch.allclose(y[0].double(), bias.double())
+
+
+def test_linear_a8_compiles_in_one_graph():
+    n, k = 32, 128
+    packed, scale = ops.pack(_codes(n, k, seed=1)), torch.rand(n) + 0.1
+    f = torch.compile(lambda x: ops.linear_a8(x, lambda q: ops.gemm(q, packed, scale, 0)),
+                      fullgraph=True)
+    x = _outlier_rows(5, k, torch.float32, seed=2)
+    assert torch.equal(f(x), ops.linear_a8(x, lambda q: ops.gemm(q, packed, scale, 0)))
