@@ -10,7 +10,9 @@ Lifecycle (the order vLLM calls it in):
    (canonical or bitnet) into that layout, then vLLM's loader slices and copies it.
 3. process_weights_after_loading: the kernel ternary.kernels chooses for the device
    repacks what it needs.
-4. apply: the kernel's GEMM.
+4. apply: the kernel's GEMM; for activation int8_per_token (every bitnet checkpoint), on the
+   input quantized per token to int8 first, exactly as transformers' bitnet layers do
+   (ternary.ops.linear_a8).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.utils import set_weight_attrs
 
+from ternary import ops
 from ternary.vllm import loading
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 from ternary.vllm_plugin import KERNEL_LOG_PREFIX
@@ -38,18 +41,21 @@ def activation_dtype(layer: torch.nn.Module) -> torch.dtype:
     return getattr(layer, "params_dtype", None) or torch.get_default_dtype()
 
 
-def announce_kernel(kernel, layer: torch.nn.Module, group_size: int) -> None:
-    """One INFO line per distinct (kernel, shape, dtype): which kernel serves the layer."""
+def announce_kernel(kernel, layer: torch.nn.Module, group_size: int,
+                    activation: str = "none") -> None:
+    """One INFO line per distinct (kernel, shape, dtype, activation mode): which kernel serves
+    the layer."""
     n, k = layer.weight.shape[0], layer.weight.shape[1] * PACK
     dtype = activation_dtype(layer)
-    key = (kernel.name, n, k, str(dtype), group_size)
+    key = (kernel.name, n, k, str(dtype), group_size, activation)
     if key in _announced:
         return
     _announced.add(key)
     route = kernel.name
     if getattr(kernel, "max_m", None):
         route = f"{kernel.name} ({large_m_routes(kernel, n, k)})"
-    shape = f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size}"
+    shape = (f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size} "
+             f"activation={activation}")
     logger.info(KERNEL_LOG, route, shape)
 
 
@@ -112,6 +118,17 @@ def _adapt(kind: str, spec: QuantSpec, layer: torch.nn.Module, vllm_loader):
         name = f"{getattr(layer, 'prefix', '') or type(layer).__name__}.{kind}"
         if loaded_shard_id is not None:
             name += f" (shard {loaded_shard_id!r})"
+        def inner(p, w):
+            if loaded_shard_id is None:
+                return vllm_loader(p, w, *args, **kwargs)
+            return vllm_loader(p, w, loaded_shard_id, *args, **kwargs)
+
+        if kind == "weight" and spec.online:
+            # dense master weights: quantized here, per checkpoint tensor (per shard of a fused
+            # layer, before tensor parallel slicing), as transformers' WeightQuant does them
+            packed, scale = loading.online_to_canonical(loaded_weight, n, k, name)
+            inner(layer.weight_scale, scale)
+            return inner(param, packed)
         if kind == "weight":
             if spec.format == "bitnet":
                 loaded_weight = loading.bitnet_to_canonical(loaded_weight, n, name, k)
@@ -119,9 +136,7 @@ def _adapt(kind: str, spec: QuantSpec, layer: torch.nn.Module, vllm_loader):
                 loading.check_weight(loaded_weight, n, k, name)
         else:
             loaded_weight = loading.per_channel_scale(loaded_weight, n, spec, name, k)
-        if loaded_shard_id is None:
-            return vllm_loader(param, loaded_weight, *args, **kwargs)
-        return vllm_loader(param, loaded_weight, loaded_shard_id, *args, **kwargs)
+        return inner(param, loaded_weight)
 
     return load
 
@@ -181,7 +196,7 @@ class TernaryLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         gs = self.spec.kernel_group_size
         kernel = choose_kernel(layer, gs)
-        announce_kernel(kernel, layer, gs)
+        announce_kernel(kernel, layer, gs, self.spec.activation)
         layer.ternary_kernel = kernel
         try:
             prepared = kernel.prepare(layer.weight.data, layer.weight_scale.data, gs)
@@ -198,7 +213,10 @@ class TernaryLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return layer.ternary_kernel.apply(x, layer.ternary_prepared, bias)
+        kernel, prepared = layer.ternary_kernel, layer.ternary_prepared
+        if self.spec.activation == "int8_per_token":
+            return ops.linear_a8(x, lambda xq: kernel.apply(xq, prepared, None), bias)
+        return kernel.apply(x, prepared, bias)
 
 
 class SkippedLinearMethod(UnquantizedLinearMethod):

@@ -78,6 +78,27 @@ def bitnet_to_canonical(packed: torch.Tensor, n: int, name: str, k: int | None =
     return ops.pack(fields.to(torch.int8) - 1)
 
 
+def online_to_canonical(dense: torch.Tensor, n: int, k: int, name: str
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bitnet "online" checkpoint's dense master weight [N, K] -> (canonical uint8 [N, K/4],
+    float32 [N] scale), quantized exactly as transformers' WeightQuant does in each forward
+    (ternary.formats.bitnet.weight_quant: per tensor, absmean)."""
+    if not dense.is_floating_point() or list(dense.shape) != [n, k]:
+        raise TernaryConfigError(
+            f"{name}: a bitnet checkpoint with quantization_mode 'online' stores dense float "
+            f"weights [N, K]={[n, k]} (config.json); got {dense.dtype} {list(dense.shape)}. "
+            "Packed (uint8) weights need quantization_mode 'offline'")
+    if k % 4:
+        raise TernaryConfigError(
+            f"{name}: K={k} inputs is not a multiple of 4; the canonical layout packs four "
+            "codes per byte along K (add it to modules_to_not_convert)")
+    codes, scale = bitnet.weight_quant(dense)
+    why = bad_scale_values(scale)
+    if why:
+        raise TernaryConfigError(f"{name}: {why}")
+    return ops.pack(codes), scale.expand(n).contiguous()
+
+
 def per_channel_scale(loaded: torch.Tensor, n: int, spec: QuantSpec, name: str,
                       k: int | None = None) -> torch.Tensor:
     """A checkpoint scale -> float32 [N] (channel/tensor) or as stored (group). A tensor

@@ -20,6 +20,9 @@ from ternary.formats import bitnet, canonical
 # q/k/v/o and gate/up/down projections; bitnet weights in other architectures (model_type
 # "bitnet" has extra sub-norms) are not served by this plugin.
 LLAMA_MODEL_TYPES = ("llama",)
+# model types whose bitnet checkpoints the plugin serves: Llama-architecture ones through
+# vLLM's Llama, "bitnet" (BitNetForCausalLM: sub-norms, relu2) through ternary.vllm.models
+SERVED_MODEL_TYPES = (*LLAMA_MODEL_TYPES, "bitnet")
 
 
 class TernaryConfigError(ValueError):
@@ -33,6 +36,12 @@ class QuantSpec:
     group_size: int | None
     modules_to_not_convert: tuple[str, ...]
     bitnet_linear_class: str | None = None  # bitnet only
+    # "none" (float activations, W1.58A16) or "int8_per_token" (W1.58A8, as transformers'
+    # bitnet layers): canonical quantization_config.activation; every bitnet checkpoint is A8
+    activation: str = "none"
+    # bitnet "online" (autobitlinear): dense float master weights, quantized once at load
+    # exactly as transformers' WeightQuant does in every forward
+    online: bool = False
 
     @property
     def kernel_group_size(self) -> int:
@@ -54,13 +63,31 @@ def parse(cfg: dict[str, Any], source: str = "config.json quantization_config") 
     if method == "ternary":
         scale = cfg.get("scale", "channel")
         return QuantSpec("ternary", scale, cfg.get("group_size") if scale == "group" else None,
-                         skip)
+                         skip, activation=_activation(canonical.activation(cfg)))
     if method == "bitnet":
-        return QuantSpec("bitnet", "tensor", None, skip, cfg.get("linear_class") or "bitlinear")
+        return QuantSpec("bitnet", "tensor", None, skip, bitnet.linear_class(cfg),
+                         activation=_activation(bitnet.ACTIVATION), online=bitnet.is_online(cfg))
     raise TernaryConfigError(
         f"{source}: quant_method={method!r}; the ternary vLLM method reads 'ternary' "
         f"(canonical) and 'bitnet' checkpoints only"
     )
+
+
+# A diagnostic switch (docs/formats.md): serve as if the checkpoint said activation "none", to
+# measure what activation quantization changes. Tokens then differ from the model's own.
+ACTIVATION_OVERRIDE_ENV = "TERNARY_ACTIVATION_OVERRIDE"
+
+
+def _activation(stated: str) -> str:
+    import os
+
+    forced = os.environ.get(ACTIVATION_OVERRIDE_ENV, "").strip()
+    if not forced:
+        return stated
+    if forced not in canonical.ACTIVATIONS:
+        raise TernaryConfigError(f"{ACTIVATION_OVERRIDE_ENV}={forced!r}; expected one of "
+                                 f"{list(canonical.ACTIVATIONS)}, or unset it")
+    return forced
 
 
 def claims_bitnet(cfg: dict[str, Any], model_type: str | None) -> bool:
@@ -69,11 +96,11 @@ def claims_bitnet(cfg: dict[str, Any], model_type: str | None) -> bool:
     'unknown quantization method'."""
     if cfg.get("quant_method") != "bitnet":
         return False
-    if model_type is not None and model_type not in LLAMA_MODEL_TYPES:
+    if model_type is not None and model_type not in SERVED_MODEL_TYPES:
         raise TernaryConfigError(
             f"config.json: a bitnet checkpoint with model_type={model_type!r}; the ternary "
-            f"plugin serves bitnet weights in Llama-architecture models only "
-            f"(model_type in {list(LLAMA_MODEL_TYPES)})"
+            f"plugin serves bitnet weights in Llama-architecture models and BitNetForCausalLM "
+            f"only (model_type in {list(SERVED_MODEL_TYPES)})"
         )
     return True
 

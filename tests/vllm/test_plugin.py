@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
 from ternary import ops
+from ternary.formats import bitnet
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 
 
@@ -50,8 +51,13 @@ def test_from_config_and_override(registered):
     assert registered.override_quantization_method({"quant_method": "bitnet"}, None, Llama()) == "ternary"
     assert registered.override_quantization_method({"quant_method": "ternary"}, None, Llama()) is None
     assert registered.override_quantization_method({"quant_method": "bitnet"}, "fp8", Llama()) is None
-    with pytest.raises(TernaryConfigError, match="model_type='bitnet'"):
-        registered.override_quantization_method({"quant_method": "bitnet"}, None, BitNet())
+    class Falcon:
+        model_type = "falcon"
+
+    assert registered.override_quantization_method({"quant_method": "bitnet"}, None,
+                                                   BitNet()) == "ternary"
+    with pytest.raises(TernaryConfigError, match="model_type='falcon'"):
+        registered.override_quantization_method({"quant_method": "bitnet"}, None, Falcon())
     with pytest.raises(TernaryConfigError, match="quant_method='awq'"):
         registered.from_config({"quant_method": "awq"})
 
@@ -124,6 +130,56 @@ def test_create_weights_and_apply(scale):
     dense = ops.dequantize(ops.pack(codes), stored if scale != "tensor" else stored.expand(n).contiguous(),
                            gs if scale == "group" else 0)
     torch.testing.assert_close(method.apply(layer, x), x @ dense.t())
+
+
+@pytest.mark.parametrize("activation", ["none", "int8_per_token"])
+def test_apply_quantizes_activations_when_the_spec_says_so(activation):
+    """int8_per_token: y = (x_q . codes) * scale / s_x, not x . W (the difference is what a
+    BitNet model's tokens depend on)."""
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    n, k = 16, 64
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = n, "model.layers.0.mlp.down_proj"
+    method = TernaryLinearMethod(QuantSpec("ternary", "channel", None, (), activation=activation))
+    method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    scale = torch.rand(n, generator=g) + 0.5
+    layer.weight.weight_loader(layer.weight, ops.pack(codes))
+    layer.weight_scale.weight_loader(layer.weight_scale, scale)
+    method.process_weights_after_loading(layer)
+    x = torch.randn(7, k, generator=g)
+    x[:, 3] *= 50  # an outlier channel: int8 rounding of the others is then coarse
+    bias = torch.randn(n, generator=g)
+    y = method.apply(layer, x, bias)
+    dense = codes.double() * scale.double().view(-1, 1)
+    if activation == "none":
+        want = x.double() @ dense.t()
+    else:
+        q, s = ops.quantize_act_int8(x)
+        want = (q.double() @ dense.t()) / s.double()
+        assert not torch.allclose(want, x.double() @ dense.t(), rtol=1e-3)
+    torch.testing.assert_close(y.double(), want + bias.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_online_weights_load_with_their_scale():
+    """A bitnet "online" checkpoint has dense master weights and no weight_scale: the weight
+    adapter quantizes it (WeightQuant) and fills the scale itself."""
+    from ternary.vllm.linear import TernaryLinearMethod
+
+    n, k = 8, 32
+    layer = torch.nn.Module()
+    layer.output_size, layer.prefix = n, "model.layers.0.self_attn.o_proj"
+    spec = QuantSpec("bitnet", "tensor", None, (), "autobitlinear", activation="int8_per_token",
+                     online=True)
+    method = TernaryLinearMethod(spec)
+    method.create_weights(layer, k, [n], k, n, torch.float32, weight_loader=_copy_loader)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(2)) * 0.03
+    layer.weight.weight_loader(layer.weight, w)
+    codes, s = bitnet.weight_quant(w)
+    assert torch.equal(layer.weight.data, ops.pack(codes))
+    assert torch.equal(layer.weight_scale.data, s.expand(n))
 
 
 def test_loaders_refuse_a_checkpoint_tensor_of_another_size():
@@ -276,14 +332,17 @@ def test_kernel_choice_is_logged_once_per_shape_in_the_smokes_format(tmp_path):
         for _ in range(3):  # every layer of a model: one line per distinct shape
             linear.announce_kernel(kernels.FusedKernel(), layer, 0)
         linear.announce_kernel(kernels.CublasKernel(), layer, 64)
+        linear.announce_kernel(kernels.CublasKernel(), layer, 64, "int8_per_token")
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old)
         handler.close()
     lines = smoke.kernel_lines(log.read_text())
     assert lines == [f"fused (dequantize + cuBLAS above M={kernels.FUSED_MAX_M}) for n=48 k=160 "
-                     "dtype=bfloat16 group_size=0",
-                     "cublas for n=48 k=160 dtype=bfloat16 group_size=64"]
+                     "dtype=bfloat16 group_size=0 activation=none",
+                     "cublas for n=48 k=160 dtype=bfloat16 group_size=64 activation=none",
+                     "cublas for n=48 k=160 dtype=bfloat16 group_size=64 "
+                     "activation=int8_per_token"]
     ok, detail = smoke.check_kernel(log, "fused")
     assert not ok and "cublas for n=48" in detail
 

@@ -39,7 +39,7 @@ def test_parse_group_and_bitnet():
     ({"quant_method": "ternary", "scale": "group", "group_size": 0}, "group_size is 0"),
     ({"quant_method": "ternary", "scale": "group", "group_size": True}, "group_size is True"),
     ({"quant_method": "ternary", "scale": "channel", "group_size": 32}, "group_size is 32"),
-    ({"quant_method": "bitnet", "quantization_mode": "online"}, "'online'"),
+    ({"quant_method": "bitnet", "quantization_mode": "always"}, "quantization_mode is 'always'"),
     ({"quant_method": "bitnet", "linear_class": "dense"}, "linear_class is 'dense'"),
     ({"quant_method": "ternary", "modules_to_not_convert": "lm_head"},
      "modules_to_not_convert is 'lm_head'; expected a list of names"),
@@ -51,12 +51,56 @@ def test_parse_refusals(cfg, words):
     assert words in str(e.value)
 
 
-def test_claims_bitnet_only_for_llama():
+def test_claims_bitnet_for_llama_and_bitnet_models_only():
     assert claims_bitnet({"quant_method": "bitnet"}, "llama")
+    assert claims_bitnet({"quant_method": "bitnet"}, "bitnet")  # BitNetForCausalLM
     assert claims_bitnet({"quant_method": "bitnet"}, None)
     assert not claims_bitnet({"quant_method": "ternary"}, "llama")
-    with pytest.raises(TernaryConfigError, match="model_type='bitnet'"):
-        claims_bitnet({"quant_method": "bitnet"}, "bitnet")
+    with pytest.raises(TernaryConfigError, match=r"model_type='falcon'.*\['llama', 'bitnet'\]"):
+        claims_bitnet({"quant_method": "bitnet"}, "falcon")
+
+
+@pytest.mark.parametrize("cfg,activation,online", [
+    ({"quant_method": "ternary"}, "none", False),
+    ({"quant_method": "ternary", "activation": "none"}, "none", False),
+    ({"quant_method": "ternary", "activation": "int8_per_token"}, "int8_per_token", False),
+    ({"quant_method": "bitnet"}, "int8_per_token", False),
+    ({"quant_method": "bitnet", "linear_class": "autobitlinear"}, "int8_per_token", False),
+    ({"quant_method": "bitnet", "linear_class": "autobitlinear",
+      "quantization_mode": "online"}, "int8_per_token", True),
+    # BitLinear reads packed weights whatever quantization_mode says (transformers)
+    ({"quant_method": "bitnet", "quantization_mode": "online"}, "int8_per_token", False),
+])
+def test_parse_activation_and_online(cfg, activation, online, monkeypatch):
+    monkeypatch.delenv("TERNARY_ACTIVATION_OVERRIDE", raising=False)
+    s = parse(cfg)
+    assert (s.activation, s.online) == (activation, online)
+
+
+def test_activation_override_and_refusals(monkeypatch):
+    monkeypatch.setenv("TERNARY_ACTIVATION_OVERRIDE", "none")
+    assert parse({"quant_method": "bitnet"}).activation == "none"
+    monkeypatch.setenv("TERNARY_ACTIVATION_OVERRIDE", "int4")
+    with pytest.raises(TernaryConfigError, match="TERNARY_ACTIVATION_OVERRIDE='int4'"):
+        parse({"quant_method": "bitnet"})
+    monkeypatch.delenv("TERNARY_ACTIVATION_OVERRIDE")
+    with pytest.raises(TernaryConfigError, match=r"config.json quantization_config: "
+                       r"quantization_config.activation is 'int4'; expected one of "
+                       r"\['none', 'int8_per_token'\]"):
+        parse({"quant_method": "ternary", "activation": "int4"})
+    with pytest.raises(TernaryConfigError, match="use_rms_norm is true"):
+        parse({"quant_method": "bitnet", "use_rms_norm": True})
+
+
+def test_online_master_weight_is_quantized_like_weight_quant():
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(12, 16, generator=g) * 0.02).to(torch.bfloat16)
+    packed, scale = loading.online_to_canonical(w, 12, 16, "q_proj")
+    codes, s = bitnet.weight_quant(w)
+    assert torch.equal(packed, ops.pack(codes)) and torch.equal(scale, s.expand(12))
+    with pytest.raises(TernaryConfigError, match=r"q_proj: .*online.*\[N, K\]=\[12, 16\] "
+                       r"\(config.json\); got torch.uint8 \[3, 16\]"):
+        loading.online_to_canonical(torch.zeros(3, 16, dtype=torch.uint8), 12, 16, "q_proj")
 
 
 def test_module_matches_whole_names_only():
