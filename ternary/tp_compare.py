@@ -187,7 +187,8 @@ def compare(model_dir: Path, dtype: str = "float32", tp: int = 2, against: int =
                              f"tensor parallel {against}, {runs[tp]['kind']} at {tp})")
     results = [pair(p, a, b, kind) for p, a, b in
                zip(prompts, runs[against]["prompts"], runs[tp]["prompts"])]
-    return TPReport(str(model_dir), dtype, against, tp, kind, results, v.KL_LIMITS[dtype],
+    return TPReport(str(model_dir), dtype, against, tp, kind, results,
+                    v.kl_limit(dtype, v.model_activation(model_dir)),
                     {f"tp{s}": r["engine_s"] for s, r in runs.items()})
 
 

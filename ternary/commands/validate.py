@@ -120,15 +120,18 @@ def run(args) -> int:
         d["ok"] = report.ok
         print(json.dumps(d, indent=2), file=out, flush=True)
         return 0 if report.ok else 1
-    t = Table(title=f"{report.model_dir} ({report.quant_method}, {report.dtype}, "
-                    f"tensor parallel {report.tensor_parallel})")
-    for c in ("prompt", "greedy tokens", "max |logit diff|", "KL(ref||vLLM)"):
+    t = Table(title=f"{report.model_dir} ({report.quant_method}, activation "
+                    f"{report.activation}, {report.dtype}, tensor parallel "
+                    f"{report.tensor_parallel}; reference: {report.reference})")
+    for c in ("prompt", "greedy tokens", "max |logit diff|", "KL(ref||vLLM) max",
+              "KL per position (median, worst at)"):
         t.add_column(c)
     for r in report.results:
         t.add_row(repr(r.prompt), "identical" if r.tokens_equal else
                   f"[red]differ[/]: vLLM {r.vllm_tokens} ref {r.ref_tokens}",
                   f"{r.max_abs_logit_diff:.3g}",
-                  f"{r.kl_ref_vllm:.3g}" + ("" if r.kl_ref_vllm < report.kl_limit else " [red]>limit"))
+                  f"{r.kl_ref_vllm:.3g}" + ("" if r.kl_ref_vllm < report.kl_limit else " [red]>limit"),
+                  _per_position(r.kl_per_position))
     show = Console(file=out)
     show.print(t)
     if not report.ok:
@@ -140,6 +143,14 @@ def run(args) -> int:
                f"KL < {report.kl_limit:g} required in {report.dtype})")
     out.flush()
     return 0 if report.ok else 1
+
+
+def _per_position(kl: list[float]) -> str:
+    """The per-position KL in one cell (--json has every position)."""
+    if not kl:
+        return "-"
+    worst = max(range(len(kl)), key=kl.__getitem__)
+    return f"{sorted(kl)[len(kl) // 2]:.1e}, position {worst}"
 
 
 def _run_tp_compare(args, console) -> int:
@@ -177,7 +188,7 @@ def _run_tp_compare(args, console) -> int:
         t.add_row(repr(r.prompt), same, str(len(r.kl_per_position)), f"{r.kl_max:.3g}"
                   + ("" if r.kl_max < report.kl_limit else " [red]>limit"),
                   f"{r.max_abs_logit_diff:.3g}",
-                  " ".join(f"{x:.1e}" for x in r.kl_per_position))
+                  _per_position(r.kl_per_position))
     show = Console(file=out, width=200)
     show.print(t)
     show.print("[green]OK[/]" if report.ok else "[red]FAILED[/]",
