@@ -41,6 +41,9 @@ from pathlib import Path
 # ternary.bigmodel, "bf16" a config-only directory served with load_format="dummy".
 MODELS: dict[str, tuple[str, int | None]] = {
     "ternary": ("ternary", None),
+    # the same weights with int8 activations per token (W1.58A8, as BitNet models compute);
+    # "ternary" is the shape's own mode: int8_per_token for bitnet-2b, none for the Llamas
+    "ternary-a8": ("ternary-a8", None),
     "bf16": ("bf16", None),
     "ternary-1layer": ("ternary", 1),
     "bf16-1layer": ("bf16", 1),
@@ -174,14 +177,17 @@ def prepare_models(work: Path, shape_name: str, names: list[str], seed: int = 0,
         kind, layers = MODELS[name]
         dims = bigmodel.shape(shape_name, layers)
         d = work / f"{shape_name}-{name}"
-        if kind == "ternary":
+        arch = bigmodel.ARCHS.get(shape_name, "llama")
+        if kind in ("ternary", "ternary-a8"):
             t = time.monotonic()
-            _, written = bigmodel.write_ternary(d, dims, seed)
+            _, written = bigmodel.write_ternary(
+                d, dims, seed, arch=arch,
+                activation="int8_per_token" if kind == "ternary-a8" else None)
             say(f"{name}: {d} ({bigmodel.disk_bytes(d) / 2**30:.2f} GiB on disk, "
                 f"{'written in %.0f s' % (time.monotonic() - t) if written else 'reused'})")
             out[name] = (d, "auto", dims["num_hidden_layers"])
         else:
-            bigmodel.write_dense_config(d, dims)
+            bigmodel.write_dense_config(d, dims, arch)
             out[name] = (d, "dummy", dims["num_hidden_layers"])
     return out
 
@@ -569,7 +575,8 @@ def comparisons(runs: list[ModelRun], batches: list[int]) -> list[dict]:
     ratio. Rows name runs by label ("ternary@tp2")."""
     by = {r.label: r for r in runs if r.ok}
     pairs = [(run_label(t, tp), run_label(d, tp)) for tp in sorted({r.tp for r in runs})
-             for t, d in (("ternary", "bf16"), ("ternary-1layer", "bf16-1layer"))]
+             for t, d in (("ternary", "bf16"), ("ternary-a8", "bf16"),
+                          ("ternary-1layer", "bf16-1layer"))]
     pairs += [(r.label, r.name) for r in runs if r.ok and r.tp > 1]
     out = []
     for a, base in pairs:
@@ -610,7 +617,8 @@ def table(report: dict):
         if not r.ok:
             t.add_row(r.label, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
             continue
-        base = bf16.get(r.label.replace("ternary", "bf16")) if r.kind == "ternary" else None
+        base = (bf16.get(r.label.replace("ternary-a8", "bf16").replace("ternary", "bf16"))
+                if r.kind in ("ternary", "ternary-a8") else None)
         for i, p in enumerate(r.points):
             ratio = ""
             if base and base.point(p.batch):

@@ -2,7 +2,8 @@
 format (written layer by layer, never the whole model in memory), and the same shape as a
 config-only bf16 directory for vLLM's `load_format="dummy"`.
 
-    python -m ternary.bigmodel OUT [--shape llama2-7b] [--layers N] [--dense]
+    python -m ternary.bigmodel OUT [--shape llama2-7b|bitnet-2b] [--layers N] [--dense]
+        [--activation none|int8_per_token]
 
 Llama-2-7B's shape gives 1.5 GiB of packed weights plus 0.5 GiB of bf16 embeddings and
 lm_head (about 2 GB on disk). The bf16 baseline is never written: 13 GB of random bf16
@@ -32,7 +33,14 @@ SHAPES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
              "max_position_embeddings": 1024},
+    # microsoft/bitnet-b1.58-2B-4T's config.json: BitNetForCausalLM (ARCHS below)
+    "bitnet-2b": {"hidden_size": 2560, "intermediate_size": 6912, "num_hidden_layers": 30,
+                  "num_attention_heads": 20, "num_key_value_heads": 5, "vocab_size": 128256,
+                  "max_position_embeddings": 4096},
 }
+# Shapes whose model is not a Llama: BitNetForCausalLM adds attn_sub_norm and ffn_sub_norm,
+# relu2 for silu, tied embeddings, and computes with int8 activations (int8_per_token).
+ARCHS = {"bitnet-2b": "bitnet"}
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 MANIFEST = "bigmodel.json"  # what wrote the directory, so a rerun can reuse it
@@ -58,16 +66,27 @@ def shape(name: str, layers: int | None = None) -> dict[str, int]:
     return s
 
 
-def config(dims: dict[str, int], quantized: bool) -> dict:
-    """config.json of a Llama model of these dims, bf16, canonical ternary v1 or dense."""
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **dims,
-           "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-           "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-           "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+def config(dims: dict[str, int], quantized: bool, arch: str = "llama",
+           activation: str | None = None) -> dict:
+    """config.json of a model of these dims, bf16, canonical ternary v1 or dense. arch
+    "bitnet" is BitNetForCausalLM in the 2B-4T layout, whose activation is int8_per_token
+    unless `activation` says otherwise (a Llama's is none)."""
+    if arch == "bitnet":
+        cfg = {"architectures": ["BitNetForCausalLM"], "model_type": "bitnet", **dims,
+               "hidden_act": "relu2", "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+               "tie_word_embeddings": True, "attention_bias": False,
+               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+    else:
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **dims,
+               "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+               "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+               "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
     if quantized:
         from ternary.formats import canonical
 
-        cfg["quantization_config"] = canonical.quantization_config("channel", None, ["lm_head"])
+        act = activation or ("int8_per_token" if arch == "bitnet" else "none")
+        cfg["quantization_config"] = canonical.quantization_config(
+            "channel", None, [] if cfg["tie_word_embeddings"] else ["lm_head"], act)
     return cfg
 
 
@@ -114,19 +133,22 @@ def ensure_tokenizer(out: Path, dims: dict[str, int]) -> None:
         tiny.train_tokenizer(out, dims["vocab_size"], dims["max_position_embeddings"])
 
 
-def write_dense_config(out: Path, dims: dict[str, int]) -> Path:
+def write_dense_config(out: Path, dims: dict[str, int], arch: str = "llama") -> Path:
     """A config-only bf16 model directory for vLLM's load_format="dummy"."""
     out.mkdir(parents=True, exist_ok=True)
     ensure_tokenizer(out, dims)
-    (out / "config.json").write_text(json.dumps(config(dims, quantized=False), indent=2) + "\n")
-    (out / MANIFEST).write_text(json.dumps({"kind": "dense-dummy", "dims": dims}, indent=2))
+    (out / "config.json").write_text(json.dumps(config(dims, quantized=False, arch=arch),
+                                                indent=2) + "\n")
+    (out / MANIFEST).write_text(json.dumps({"kind": "dense-dummy", "dims": dims, "arch": arch},
+                                           indent=2))
     return out
 
 
 def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool = True,
-                  shard_bytes: int = SHARD_BYTES) -> tuple[Path, bool]:
+                  shard_bytes: int = SHARD_BYTES, arch: str = "llama",
+                  activation: str | None = None) -> tuple[Path, bool]:
     """Writes the random ternary model; returns (dir, written). A directory already written
-    with the same dims and seed is kept as it is (written False)."""
+    with the same dims, seed, arch and activation is kept as it is (written False)."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -138,7 +160,9 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
 
     from ternary.formats.files import ShardWriter
 
-    manifest = {"kind": "ternary", "dims": dims, "seed": seed, "scale": "channel"}
+    cfg = config(dims, quantized=True, arch=arch, activation=activation)
+    manifest = {"kind": "ternary", "dims": dims, "seed": seed, "scale": "channel", "arch": arch,
+                "activation": cfg["quantization_config"]["activation"]}
     if _same(out, manifest):
         ensure_tokenizer(out, dims)
         return out, False
@@ -148,8 +172,11 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
         old.unlink()
     h, v, layers = dims["hidden_size"], dims["vocab_size"], dims["num_hidden_layers"]
     shapes = linear_shapes(dims)
-    total = (2 * v + 1) * h * 2 + layers * (2 * h * 2 + sum(n * (k // 4 + 4)
-                                                           for n, k in shapes.values()))
+    tied = cfg["tie_word_embeddings"]
+    # per layer: two norms of h (bitnet: and its sub-norms of h and intermediate) in bf16
+    norms = 2 * h + (h + dims["intermediate_size"] if arch == "bitnet" else 0)
+    total = ((1 if tied else 2) * v + 1) * h * 2 + layers * (norms * 2 + sum(
+        n * (k // 4 + 4) for n, k in shapes.values()))
     writer = ShardWriter(out, shard_bytes)
     with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), disable=not progress,
@@ -162,7 +189,9 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
             bar.advance(task, t.numel() * t.element_size())
 
         for name in ("model.embed_tokens.weight", "lm_head.weight"):
-            add(name, (torch.randn(v, h, generator=_gen(seed, index)) * 0.02).to(torch.bfloat16))
+            if not (tied and name == "lm_head.weight"):
+                add(name, (torch.randn(v, h, generator=_gen(seed, index)) * 0.02
+                           ).to(torch.bfloat16))
             index += 1
         add("model.norm.weight", torch.ones(h, dtype=torch.bfloat16))
         for layer in range(layers):
@@ -170,6 +199,10 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
             bar.update(task, description=f"writing {out.name}: layer {layer + 1}/{layers}")
             add(f"{p}.input_layernorm.weight", torch.ones(h, dtype=torch.bfloat16))
             add(f"{p}.post_attention_layernorm.weight", torch.ones(h, dtype=torch.bfloat16))
+            if arch == "bitnet":
+                add(f"{p}.self_attn.attn_sub_norm.weight", torch.ones(h, dtype=torch.bfloat16))
+                add(f"{p}.mlp.ffn_sub_norm.weight",
+                    torch.ones(dims["intermediate_size"], dtype=torch.bfloat16))
             for proj, (n, k) in shapes.items():
                 g = _gen(seed, index)
                 index += 1
@@ -178,7 +211,7 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
                 s = (1.5 / k) ** 0.5 * (1 + 0.1 * torch.rand(n, generator=g))
                 add(f"{p}.{proj}.weight_scale", s.to(torch.float32))
         writer.close()
-    (out / "config.json").write_text(json.dumps(config(dims, quantized=True), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
     ensure_tokenizer(out, dims)
@@ -199,17 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dense", action="store_true",
                    help="write the bf16 config only (serve it with load_format dummy)")
+    p.add_argument("--activation", choices=("none", "int8_per_token"),
+                   help="the quantized model's activation mode (default: int8_per_token for "
+                   "bitnet-2b, none for the Llama shapes)")
     args = p.parse_args(argv)
     try:
         dims = shape(args.shape, args.layers)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    arch = ARCHS.get(args.shape, "llama")
     if args.dense:
-        write_dense_config(args.out, dims)
+        write_dense_config(args.out, dims, arch)
         print(f"{args.out}: bf16 config for load_format=dummy ({dims['num_hidden_layers']} layers)")
         return 0
-    out, written = write_ternary(args.out, dims, args.seed)
+    out, written = write_ternary(args.out, dims, args.seed, arch=arch, activation=args.activation)
     print(f"{out}: {disk_bytes(out):,} bytes of safetensors "
           f"({'written' if written else 'already there, same dims and seed'})")
     return 0

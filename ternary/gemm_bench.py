@@ -35,6 +35,10 @@ from pathlib import Path
 import torch
 
 SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
+# microsoft/bitnet-b1.58-2B-4T's layers as vLLM fuses them: qkv, o, gate_up, down
+# (ternary.bigmodel.SHAPES["bitnet-2b"])
+BITNET_2B_SHAPES = ((2560, 3840), (2560, 2560), (2560, 13824), (6912, 2560))
+SHAPE_SETS = {"tracked": SHAPES, "bitnet-2b": BITNET_2B_SHAPES}
 M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
@@ -356,7 +360,8 @@ def main(argv=None) -> int:
 def add_arguments(p) -> None:
     p.add_argument("--m", type=int, nargs="+", default=list(M_VALUES), help="batch sizes M")
     p.add_argument("--shapes", nargs="+", default=[f"{k}x{n}" for k, n in SHAPES],
-                   help="weight shapes KxN")
+                   help=f"weight shapes KxN, or a set: {', '.join(SHAPE_SETS)} (default: the "
+                   "tracked five)")
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     p.add_argument("--no-gemlite", action="store_true", help="skip gemlite")
     p.add_argument("--replays", type=int, default=20)
@@ -417,10 +422,14 @@ def parse_shapes(specs: list[str]) -> list[tuple[int, int]]:
     """--shapes KxN ... as (K, N) pairs, or SystemExit naming the one that is wrong."""
     shapes = []
     for s in specs:
+        if s in SHAPE_SETS:
+            shapes.extend(SHAPE_SETS[s])
+            continue
         try:
             k, n = (int(v) for v in s.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016); got {s!r}") from None
+            raise SystemExit(f"--shapes takes KxN (e.g. 4096x22016) or one of "
+                             f"{list(SHAPE_SETS)}; got {s!r}") from None
         if k <= 0 or n <= 0 or k % 4:
             raise SystemExit(f"--shapes {s}: K and N must be positive and K a multiple of 4")
         shapes.append((k, n))

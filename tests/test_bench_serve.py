@@ -86,6 +86,47 @@ def test_dense_config_is_the_same_shape_without_quantization(tmp_path):
     assert not list(d.glob("*.safetensors"))
 
 
+def test_bitnet_2b_shape_gives_the_2b_4t_gemms():
+    dims = bigmodel.shape("bitnet-2b")
+    shapes = bigmodel.linear_shapes(dims)
+    nk = {p: (k, n) for p, (n, k) in shapes.items()}  # as K x N
+    qkv = (2560, sum(shapes[p][0] for p in ("self_attn.q_proj", "self_attn.k_proj",
+                                            "self_attn.v_proj")))
+    gate_up = (2560, shapes["mlp.gate_proj"][0] + shapes["mlp.up_proj"][0])
+    assert qkv == (2560, 3840) and gate_up == (2560, 13824)
+    assert nk["self_attn.o_proj"] == (2560, 2560) and nk["mlp.down_proj"] == (6912, 2560)
+    from ternary import gemm_bench
+
+    assert set(gemm_bench.SHAPE_SETS["bitnet-2b"]) == {qkv, gate_up, (2560, 2560),
+                                                        (6912, 2560)}
+
+
+def test_write_ternary_bitnet_arch_is_bitnet_for_causal_lm(tmp_path):
+    from safetensors import safe_open
+
+    from ternary import formats
+
+    dims = bigmodel.shape("tiny", 1)
+    d, _ = bigmodel.write_ternary(tmp_path / "b", dims, progress=False, arch="bitnet")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["architectures"] == ["BitNetForCausalLM"] and cfg["hidden_act"] == "relu2"
+    assert cfg["tie_word_embeddings"] and cfg["quantization_config"]["activation"] == \
+        "int8_per_token"
+    with safe_open(str(next(d.glob("*.safetensors"))), "pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names
+    assert {"model.layers.0.self_attn.attn_sub_norm.weight",
+            "model.layers.0.mlp.ffn_sub_norm.weight"} <= names
+    with formats.Checkpoint(d) as ckpt:
+        assert ckpt.activation == "int8_per_token" and len(ckpt.module_names()) == 7
+    a8, _ = bigmodel.write_ternary(tmp_path / "l", dims, progress=False,
+                                   activation="int8_per_token")
+    qc = json.loads((a8 / "config.json").read_text())["quantization_config"]
+    assert qc["activation"] == "int8_per_token" and qc["modules_to_not_convert"] == ["lm_head"]
+    dense = bigmodel.write_dense_config(tmp_path / "bf", dims, "bitnet")
+    assert json.loads((dense / "config.json").read_text())["model_type"] == "bitnet"
+
+
 def test_bigmodel_cli_refuses_unknown_layers(capsys):
     assert bigmodel.main(["/nonexistent", "--shape", "tiny", "--layers", "0"]) == 2
     assert "layers=0" in capsys.readouterr().err
