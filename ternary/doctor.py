@@ -148,7 +148,22 @@ def probe_kernel() -> str:
     chosen = kernels.choose(platform, n=4096, k=4096, group_size=0, device=device,
                             dtype=torch.bfloat16 if cuda else torch.float32)
     name = getattr(chosen, "name", None) or type(chosen).__name__
-    return f"{name} on this {platform.label} machine (4096x4096 layer, TERNARY_KERNEL overrides)"
+    return (f"{name} on this {platform.label} machine (4096x4096 layer, TERNARY_KERNEL "
+            f"overrides); activation none: float x into it; int8_per_token: "
+            f"{activation_quantizer(cuda)}, then the same GEMM on the integer-valued x")
+
+
+def activation_quantizer(cuda: bool) -> str:
+    """Which implementation of ternary::quantize_act_int8 runs for a layer whose activation
+    mode is int8_per_token (the checkpoint's quantization_config says which mode a model has)."""
+    import torch
+
+    import ternary.ops  # noqa: F401 (defines the op)
+
+    if cuda and torch._C._dispatch_has_kernel_for_dispatch_key("ternary::quantize_act_int8",
+                                                               "CUDA"):
+        return "per-token int8 quantize by ternary._C's CUDA kernel"
+    return "per-token int8 quantize by the PyTorch reference"
 
 
 def probe_wsl() -> bool:
