@@ -345,7 +345,7 @@ def worker(spec: dict) -> dict:
 # a file of its own. Both run in C, without the GIL or the plugin: in the twenty-first
 # session the vLLM workers' handlers, registered by the plugin to stderr, left nothing in the
 # log while their GPUs read 100 %.
-STACKS_ENV = "TERNARY_STACKS_ON_SIGUSR1"
+STACKS_ENV = "TERNARY_STACKS_ON_SIGUSR1"  # ternary.settings; _DIR and _AT: set here, for the hook
 _STACKS_SITE = """\
 import faulthandler, os, signal, time
 try:
@@ -368,7 +368,9 @@ STACKS_LEAD_S = 8.0  # the watchdogs fire this long before the model's deadline
 def _stacks_env(log_path: Path, timeout: float) -> tuple[dict | None, Path | None]:
     """The environment that makes each process of the model's command leave its stacks in
     LOG.stacks/ (None, None without TERNARY_STACKS_ON_SIGUSR1=1)."""
-    if os.environ.get(STACKS_ENV) != "1":
+    from ternary import settings
+
+    if not settings.flag(STACKS_ENV):
         return None, None
     sdir = log_path.with_name(log_path.stem + ".stacks")
     if sdir.exists():

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from ternary import settings
 from typing import Callable
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -405,7 +406,7 @@ def check_platform(p: Probes, wsl: bool) -> list[Check]:
     out = []
     env = p.env()
     if wsl:
-        pin = env.get("TERNARY_PIN_MEMORY", "")
+        pin = settings.raw("TERNARY_PIN_MEMORY", env)
         out.append(Check("wsl2", OK if pin in ("", "0") else WARN,
                          "WSL2: GEMM path " + windows.gemm_path("linux", True)
                          + ("" if pin in ("", "0") else f"; TERNARY_PIN_MEMORY={pin}"),

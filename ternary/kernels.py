@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ternary import _ext, ops
+from ternary import _ext, ops, settings
 
-ENV = "TERNARY_KERNEL"
+ENV = "TERNARY_KERNEL"  # ternary.settings
 
 # Largest M that the fused kernel serves itself; above it, dequantize + cuBLAS (measured:
 # bench/results-h200.json as of commit c6270ca, H200, every shape of the benchmark: at M = 128
@@ -297,10 +297,9 @@ def choose(platform: Platform, *, n: int, k: int, dtype: torch.dtype, group_size
            env: dict[str, str] | None = None) -> Kernel:
     """The kernel for a layer of n outputs x k inputs. `m` is informational: the fused
     kernel routes large M itself (FusedKernel.route)."""
-    env = os.environ if env is None else env
     device = torch.device(device)
     shape = f"layer n={n} k={k} dtype={dtype} group_size={group_size} on {device}"
-    forced = env.get(ENV, "").strip().lower()
+    forced = settings.raw(ENV, env).strip().lower()
     if forced and forced != "auto":  # (auto: the same as unset)
         if forced not in KERNELS:
             raise NoKernelError(f"{ENV}={forced!r} is not a kernel; use one of "

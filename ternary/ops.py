@@ -12,11 +12,10 @@ along K, LSB first, code = w + 1; scale float32 [N] (channel), [1] (tensor) or
 
 from __future__ import annotations
 
-import os
 
 import torch
 
-from ternary import _ext
+from ternary import _ext, settings
 
 LIB = torch.library.Library("ternary", "DEF")  # noqa: TOR901 (we own the namespace)
 
@@ -473,13 +472,13 @@ def gemm_fused(x: torch.Tensor, repacked: torch.Tensor, scale: torch.Tensor, gro
 
 # Above max_m, linear_fused takes the large-M fused kernel only up to this many rows (unset or
 # 0: no limit; csrc/ops.cpp reads it at each such call): a user's switch to send very large
-# steps to dequantize + cuBLAS
+# steps to dequantize + cuBLAS (ternary.settings)
 LARGE_M_ENV = "TERNARY_LARGE_M_MAX"
 
 
 def large_m_cap() -> int | None:
     """TERNARY_LARGE_M_MAX as linear_fused reads it: None where there is no limit."""
-    v = os.environ.get(LARGE_M_ENV, "")
+    v = settings.raw(LARGE_M_ENV)
     if not v:
         return None
     if not (v.isascii() and v.isdigit()) or len(v) > 18:  # as csrc/ops.cpp reads it

@@ -75,13 +75,13 @@ def parse(cfg: dict[str, Any], source: str = "config.json quantization_config") 
 
 # A diagnostic switch (docs/formats.md): serve as if the checkpoint said activation "none", to
 # measure what activation quantization changes. Tokens then differ from the model's own.
-ACTIVATION_OVERRIDE_ENV = "TERNARY_ACTIVATION_OVERRIDE"
+ACTIVATION_OVERRIDE_ENV = "TERNARY_ACTIVATION_OVERRIDE"  # ternary.settings
 
 
 def _activation(stated: str) -> str:
-    import os
+    from ternary import settings
 
-    forced = os.environ.get(ACTIVATION_OVERRIDE_ENV, "").strip()
+    forced = settings.raw(ACTIVATION_OVERRIDE_ENV).strip()
     if not forced:
         return stated
     if forced not in canonical.ACTIVATIONS:
