@@ -2,13 +2,11 @@
 """Launch-by-launch times of the fused kernel and cuBLAS bf16 in a burst, with the SM clock,
 the power and the clock-limit reasons NVML reports during it.
 
-Before the twenty-fourth session `ternary bench` timed 20 graph replays after an idle pause,
-and at M = 4096 the fused kernel read 0.83-0.86x cuBLAS there, while one launch under ncu was
-within 1.5 % (fourteenth session) and a sustained run 0.96-1.01x. This trace separates clock
-from cycles: if a kernel's time a launch grows over the burst while its cycles a launch (time
-x SM clock) stay put, the clock is what it loses; if its first launches are already slow, it
-is cycles. (It showed the bench timing the two kernels at different points of their bursts:
-bench/NOTES.md, twenty-fourth session.)
+It separates clock from cycles: if a kernel's time a launch grows over the burst while its
+cycles a launch (time x SM clock) stay put, the clock is what it loses; if its first launches
+are already slow, it is cycles. (It is how `ternary bench`'s timing window came about: timed
+over 20 graph replays, two kernels were measured at different points of their bursts,
+docs/performance.md.)
 
 Each case: `--settle` idle seconds, then about `--ms` milliseconds of back-to-back calls (the
 launch count comes from one timed pass over the weight copies, so the burst runs 0.85-1.15x

@@ -9,7 +9,7 @@ often form one region: the k loop, the prologue, the epilogue that every warp ru
 For each region it prints the instruction count, the warp-stall samples (share of all) and
 the leading stall reasons, then the instructions with the most samples. This found the
 wgmma_big epilogue: 2866 instructions run once a warp, 40 % of the samples, nearly all
-stall_no_inst (bench/NOTES.md, eighth session).
+stall_no_inst (docs/kernels.md).
 
     python3 bench/ncu_source.py F.csv[.gz] [--top 15] [--json]
 """

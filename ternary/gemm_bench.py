@@ -1,19 +1,19 @@
 """Times the ternary gemm kernels against cuBLAS bf16 on the dense weight and gemlite's
-A16W158 kernel, the way DESIGN.md's anchors were measured: CUDA graphs (launch gaps out of
+A16W158 kernel (docs/performance.md says how to read the table): CUDA graphs (launch gaps out of
 the numbers), weights rotated past L2 (each timed call reads its weight from HBM), random
 data, median of repeated replays. Used by bench/bench_gemm.py and `ternary bench`.
 
 Every timing starts after a short idle pause (`settle_s`): the H200 draws close to its 700 W
 limit in the M = 4096 cells and runs at 1.4-1.65 GHz instead of 1.98 for a while after them,
-so without the pause a cell's numbers depended on the cell before it (thirteenth session,
-bench/NOTES.md: M = 1 after the previous shape's M = 4096 read 1-1.7 us slower).
+so without the pause a cell's numbers depend on the cell before it (M = 1 after the
+previous shape's M = 4096 reads 1-1.7 us slower).
 
 The timed replays then stop after `window_ms` of GPU time (at least MIN_REPLAYS), and where
 MIN_REPLAYS replays of every weight copy would take longer, the graph holds fewer copies
 (at least 2): the power limiter lowers the clock about 50 ms into a burst of large-M calls
 (bench/burst_trace.py), so a kernel whose graph held more weight copies (on 4096 x 22016 the
 2-bit weights rotate through 9, the bf16 ones through 2) was timed over more of its burst, at
-a lower clock than cuBLAS (twenty-fourth session). With the window every kernel is timed at
+a lower clock than cuBLAS. With the window every kernel is timed at
 the clock it starts at (each row's `timed_ms` says how long its timings took); `--sustain`
 times them all at the clock they settle at.
 

@@ -7,8 +7,8 @@ shape, launch count and whether the host had queued the kernel or was still laun
 
 Each variant runs in fresh processes (the C++ switches are read once a process), all GPUs at
 once, Llama-2-7B's per-rank shapes at tensor parallel --tp in turn (ternary.tp_kernels). `sync`
-variants synchronize after every launch (as tp_kernels --sync, where the twenty-second
-session's hang showed without vLLM); `queued` ones every 16. A process that passes its time
+variants synchronize after every launch (as tp_kernels --sync, where a kernel hang shows
+without vLLM); `queued` ones every 16. A process that passes its time
 plus --grace is stopped; its last progress line, nvidia-smi's utilization of its GPU and its
 Python stack (faulthandler, armed just before the parent gives up) go into the report.
 Every shape's output is checked against float64 at the start and at the end."""

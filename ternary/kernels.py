@@ -9,8 +9,8 @@ every kernel's reason. The platform is a value (`detect_platform()` reads it), s
 tests can inject WSL2, Windows or a machine without a GPU.
 
 - fused: ternary::gemm_fused (csrc/fused.cu), one pass over the 2-bit weight. Above
-  FUSED_MAX_M rows it hands the call to dequantize + cuBLAS, which bench/NOTES.md measured
-  faster there (the weight is read once per call either way; at large M the time is matrix
+  FUSED_MAX_M rows it hands the call to dequantize + cuBLAS, which is faster there
+  (docs/kernels.md) (the weight is read once per call either way; at large M the time is matrix
   work, where cuBLAS beats the mma.sync kernels), except on Hopper where the grid of the
   wgmma_big kernel fills the GPU: that one beats dequantize + cuBLAS and keeps the call.
 - cublas: dequantize to the activation dtype, then torch.mm with the bias added separately

@@ -13,8 +13,9 @@ workers do (c10d runs NCCL on a stream of its own, which orders it against the k
 through events); it needs vLLM importable. --device cpu runs the same program on the
 reference ops over gloo (a dry run without GPUs).
 
-Written for the twentieth session's hang (bench/NOTES.md): vLLM's offline engine with ternary
-weights at tensor parallel 2 stopped on two H200s while each kernel alone passed."""
+It tells a hang of the kernels from one of the engine: vLLM's offline engine with ternary
+weights at tensor parallel 2 once stopped on two H200s while each kernel alone passed (the
+persistent large-M kernel, since fixed: docs/kernels.md)."""
 
 from __future__ import annotations
 

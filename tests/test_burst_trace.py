@@ -1,5 +1,5 @@
 """bench/burst_trace.py without a GPU: the windows it summarises must be the stored H200
-trace's own (bench/h200/2026-11-30k/burst.json.gz: every window's median is the median of
+trace's own (tests/data/burst-h200.json.gz: every window's median is the median of
 the per-launch times that start in it), its clock and cycle arithmetic on a made-up trace,
 and bad arguments are refused by name."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT / "bench/h200/2026-11-30k/burst.json.gz"
+TRACE = ROOT / "tests/data/burst-h200.json.gz"
 spec = importlib.util.spec_from_file_location("burst_trace", ROOT / "bench/burst_trace.py")
 burst_trace = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(burst_trace)

@@ -1,6 +1,6 @@
 """ternary.kernel_soak: its refusals and its watchdog (CPU), and the large-M kernel launched
 tens of thousands of times without a hang (gpu, slow: the persistent wgmma_big kernel hung
-about once in 10,000 launches at M = 16384, K = 5504 before the twenty-second session's fix)."""
+about once in 10,000 launches at M = 16384, K = 5504 before its fix)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""bench/ncu_source.py on the ncu source-counter CSV of the seventh-session wgmma_big kernel
-(H200, bench/h200/2026-11-29g/ncu-big-tma-source.csv.gz): the per-region sums must be the
+"""bench/ncu_source.py on an ncu source-counter CSV of a wgmma_big kernel
+(H200, tests/data/ncu-wgmma-big-source-h200.csv.gz): the per-region sums must be the
 file's own (the epilogue that each of the 1024 consumer warps ran once held 2923 of the 7394
 warp samples, 2115 of them stall_no_inst), and malformed input is refused by name."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / "bench/h200/2026-11-29g/ncu-big-tma-source.csv.gz"
+CSV = ROOT / "tests/data/ncu-wgmma-big-source-h200.csv.gz"
 spec = importlib.util.spec_from_file_location("ncu_source", ROOT / "bench/ncu_source.py")
 ncu_source = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ncu_source)

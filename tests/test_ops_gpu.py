@@ -104,8 +104,7 @@ def test_gemm_fused_large_shapes():
 
 
 # Llama-2-7B's linear layers at tensor parallel 2, per rank (K, N): qkv, o_proj, gate_up,
-# down_proj. vLLM's offline engine at TP=2 stopped answering on the H200 pair twice with
-# these layers (bench/NOTES.md, twentieth session); the server with the same model did not.
+# down_proj: the shapes of a large-M hang once fixed in the persistent kernel (docs/kernels.md).
 TP2_LLAMA7B = ((4096, 6144), (2048, 4096), (4096, 11008), (5504, 4096))
 
 
@@ -472,8 +471,8 @@ def _hopper_route_expected() -> bool:
 def test_mid_m_routes_match_float64(m):
     """M 33-128 on Hopper (csrc/fused.cu, pick_route): wgmma_big with 64-token tiles to
     M = 64 and 128-token tiles above, where its grid (K split 2 or 4 ways to get there) makes
-    half a wave: unsplit, split, and the tiles of a partial last wave split (M 33-48 too
-    since the twelfth session). Grids under half a wave keep wgmma_rs (M 65-128:
+    half a wave: unsplit, split, and the tiles of a partial last wave split (M 33-48 too).
+    Grids under half a wave keep wgmma_rs (M 65-128:
     128 tokens with K split, or unsplit 64/128-token blocks at M >= 97) or fused_gemm_nt.
     Ragged N inside a block, K of one tile, channel and tensor scale, bias, both dtypes,
     against float64."""
@@ -636,8 +635,8 @@ def test_fused_route_outside_the_hopper_range():
     assert _ext.fused_route(16, 4096, 4096, 0, 0).startswith("decode")
     assert _ext.fused_route(32, 4096, 4096, 0, 0) == "fused_gemm_nt"
     assert _ext.fused_route(100, 4096, 4096, 128, 0) == "fused_gemm"
-    # (the first version of this check streamed the integers into TORCH_CHECK's message and
-    # killed the interpreter on the H200 image: bench/h200/probe/pybind_throw.py)
+    # (an exception thrown through pybind11 with the integers streamed into TORCH_CHECK's
+    # message killed the interpreter on the H200 image: this must be a clean RuntimeError)
     with pytest.raises(RuntimeError, match="m=-1 n=4096"):
         _ext.fused_route(-1, 4096, 4096, 0, 0)
     with pytest.raises(RuntimeError, match="device=99"):

@@ -7,7 +7,7 @@ OUT=${OUT:-$W/out}
 BUDGET=${BUDGET:-540}
 T0=$(date +%s)
 STEPS=$W/steps.tsv  # one line per stage run on this machine (kept across warm calls)
-SMOKE_FORMATS=${SMOKE_FORMATS:-ternary,bitnet}
+SMOKE_FORMATS=${SMOKE_FORMATS:-ternary,bitnet,bitnet-arch}
 BENCH_MODELS=${BENCH_MODELS:-ternary,bf16,ternary-1layer,bf16-1layer}
 BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
 BENCH_REPEATS=${BENCH_REPEATS:-3}
@@ -401,9 +401,9 @@ stage_soak() {
     --json "$W/results/soak.json"
 }
 
-# Ternary at TP=$TP in bench-serve's offline engine, in variants. It stopped in the twentieth
-# and twenty-first sessions, in vLLM's 16384-token profiling run: the persistent wgmma_big
-# kernel could hang (fixed in the twenty-second session; bench/NOTES.md). Variants
+# Ternary at TP=$TP in bench-serve's offline engine, in variants. It once stopped here,
+# in vLLM's 16384-token profiling run: the persistent wgmma_big kernel could hang (since
+# fixed; docs/kernels.md). Variants
 # (TP_HANG_VARIANTS, in order; unset: default only): default (as shipped: CUDA graphs,
 # vLLM's custom all-reduce, the LLM class's 16384 tokens a step), uncapped (TERNARY_LARGE_M_MAX=0: the same unless the
 # environment sets a limit), nopdl / nopersist (uncapped, with TERNARY_PDL=0 /
