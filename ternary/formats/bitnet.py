@@ -159,18 +159,14 @@ def read(files: ModelFiles, name: str, state: dict,
         return _read_online(files, name, problems) if state["linear_class"] else None
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
-    ok = m.require(files, wt, "packed weight (uint8 [ceil(N/4), K])", problems)
-    ok = m.require(files, st, "scale (one bf16 weight_scale value)", problems) and ok
-    ok = ok and m.listed_but_packed(files, name, problems)
-    if not ok:
+    found = m.weight_and_scale(
+        files, name, "[ceil(N/4), K]",
+        ("packed weight (uint8 [ceil(N/4), K])", ("U8",), "a bitnet packed weight"),
+        ("scale (one bf16 weight_scale value)", SCALE_DTYPES, "a bitnet scale"), problems)
+    if found is None:
         return None
-    ok = m.check_dtype(files, wt, ("U8",), "a bitnet packed weight", problems)
-    ok = m.check_dtype(files, st, SCALE_DTYPES, "a bitnet scale", problems) and ok
-    shape, sshape = files.shape(wt), files.shape(st)
-    if len(shape) != 2:
-        problems.append(m.problem(files, wt, f"packed weight has shape {shape}; expected "
-                                  "2-D [ceil(N/4), K]", "re-export the checkpoint"))
-        return None
+    shape, ok = found
+    sshape = files.shape(st)
     rows, k = shape
     if sshape not in ([], [1]):
         problems.append(m.problem(files, st, f"scale has shape {sshape}; the bitnet format "

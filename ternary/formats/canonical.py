@@ -91,18 +91,12 @@ def read(files: ModelFiles, name: str, state: dict,
          problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
-    ok = m.require(files, wt, "packed weight (uint8 [N, K/4])", problems)
-    ok = m.require(files, st, "scale (float32 weight_scale)", problems) and ok
-    ok = ok and m.listed_but_packed(files, name, problems)
-    if not ok:
+    found = m.weight_and_scale(
+        files, name, "[N, K/4]", ("packed weight (uint8 [N, K/4])", ("U8",), "a packed ternary weight"),
+        ("scale (float32 weight_scale)", ("F32",), "a ternary scale"), problems)
+    if found is None:
         return None
-    ok = m.check_dtype(files, wt, ("U8",), "a packed ternary weight", problems)
-    ok = m.check_dtype(files, st, ("F32",), "a ternary scale", problems) and ok
-    shape = files.shape(wt)
-    if len(shape) != 2:
-        problems.append(m.problem(files, wt, f"packed weight has shape {shape}; expected "
-                                  "2-D [N, K/4]", "re-export the checkpoint"))
-        return None
+    shape, ok = found
     n, k = shape[0], shape[1] * 4
     exp = expected_shape(files.config, name)
     if exp is not None and exp[0][1] % 4:

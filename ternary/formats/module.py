@@ -172,6 +172,31 @@ def listed_but_packed(files: ModelFiles, name: str, problems: list[Problem]) -> 
     return False
 
 
+def weight_and_scale(files: ModelFiles, name: str, layout: str,
+                     weight: tuple[str, tuple[str, ...], str],
+                     scale: tuple[str, tuple[str, ...], str], problems: list[Problem]
+                     ) -> tuple[list[int], bool] | None:
+    """What every packed format's reader checks first: module `name` has its weight and
+    weight_scale tensors, modules_to_not_convert does not list it, both have their format's
+    dtypes and the weight is 2-D (`layout`, e.g. "[N, K/4]"). `weight` and `scale` are (what
+    it is, dtypes allowed, what it is called in a dtype problem). Returns None where the reader cannot go on, else the
+    weight's shape and whether the dtypes were right (a reader with a wrong dtype still
+    checks the shapes, so inspect lists every problem), the problems recorded."""
+    wt, st = f"{name}.weight", f"{name}.weight_scale"
+    ok = require(files, wt, weight[0], problems)
+    ok = require(files, st, scale[0], problems) and ok
+    if not (ok and listed_but_packed(files, name, problems)):
+        return None
+    ok = check_dtype(files, wt, weight[1], weight[2], problems)
+    ok = check_dtype(files, st, scale[1], scale[2], problems) and ok
+    shape = files.shape(wt)
+    if len(shape) != 2:
+        problems.append(problem(files, wt, f"{weight[0].split(' (')[0]} has shape {shape}; "
+                                f"expected 2-D {layout}", "re-export the checkpoint"))
+        return None
+    return shape, ok
+
+
 def config_ok(files: ModelFiles, found: list[tuple[str, str]], problems: list[Problem]) -> bool:
     """Records a format's config_problems (problem, what to do) against config.json; True
     when there were none."""

@@ -201,18 +201,12 @@ def read(files: ModelFiles, name: str, state: dict,
          problems: list[Problem]) -> m.TernaryModule | None:
     wt, st = f"{name}.weight", f"{name}.weight_scale"
     start = len(problems)
-    ok = m.require(files, wt, "int8 [N, K] weight", problems)
-    ok = m.require(files, st, "float32 scale (weight_scale)", problems) and ok
-    ok = ok and m.listed_but_packed(files, name, problems)
-    if not ok:
+    found = m.weight_and_scale(
+        files, name, "[N, K]", ("weight (int8 [N, K])", ("I8",), "a vendor-int8 weight"),
+        ("float32 scale (weight_scale)", ("F32",), "a vendor-int8 scale"), problems)
+    if found is None:
         return None
-    ok = m.check_dtype(files, wt, ("I8",), "a vendor-int8 weight", problems)
-    ok = m.check_dtype(files, st, ("F32",), "a vendor-int8 scale", problems) and ok
-    shape = files.shape(wt)
-    if len(shape) != 2:
-        problems.append(m.problem(files, wt, f"weight has shape {shape}; expected 2-D [N, K]",
-                                  "re-export the checkpoint"))
-        return None
+    shape, ok = found
     n, k = shape
     ok = m.check_config_shape(files, wt, n, k, expected_shape(files.config, name),
                               problems) and ok
