@@ -74,9 +74,8 @@ class TPReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.results) and all(
-            (r.tokens_equal or not self.tokens_required) and r.kl_max < self.kl_limit
-            for r in self.results)
+        return v.verdict(self.dtype, self.kl_limit,
+                         [(r.tokens_equal, r.kl_max) for r in self.results])
 
 
 # ---------------------------------------------------------------------------------------
