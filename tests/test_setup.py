@@ -63,11 +63,15 @@ def test_editable_install_builds(tmp_path):
     # The build backend (setuptools, --no-build-isolation) comes from the environment running
     # these tests, the target's locked one, as in nox's editable installs. With
     # --system-site-packages it came from the base interpreter instead (here pyenv's
-    # setuptools 65.5, which rejects pyproject's SPDX `license` string).
+    # setuptools 65.5, which rejects pyproject's SPDX `license` string). Every package
+    # directory this interpreter sees, not only its own purelib: a --host-torch venv (the
+    # H200) has no setuptools of its own and sees the host's through a .pth file.
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    (Path(site) / "_tests_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    dirs = [sysconfig.get_paths()["purelib"]] + [
+        p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(site) / "_tests_parent_env.pth").write_text("".join(f"{d}\n" for d in dict.fromkeys(dirs)))
     proc = subprocess.run([uv, "pip", "install", "-q", "--python", str(py),
                            "--no-deps", "--no-build-isolation", "-e", str(REPO)],
                           env={**os.environ, "TERNARY_NO_EXTENSION": "1"}, capture_output=True, text=True)
