@@ -63,4 +63,14 @@ void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int nu
 // dequantize + cuBLAS above M = 128 (linear_fused then keeps the fused route past its max_m).
 bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms);
 
+// Per-token int8 activation quantization (act_quant.cu): for each row of x [m, k] (dtype,
+// contiguous, any alignment), s[row] = 127 / max(max|x|, 1e-5) and q = clamp(rint(x * s),
+// -128, 127) in float32, bit for bit ternary/ops.py's _quantize_act_int8_ref; q [m, k] is int8
+// (q_int8) or of x's dtype, s float32 [m]. m = 0 launches nothing; k must be > 0.
+cudaError_t launch_quantize_act_int8(const void* x, DType dtype, void* q, bool q_int8, float* s,
+                                     int64_t m, int64_t k, cudaStream_t stream);
+// The kernel launch_quantize_act_int8 takes for rows of k elements of dtype: "warp" (rows up to
+// 2 KiB), "block" (up to 128 KiB, one read of x) or "block_two_pass" (longer rows, x read twice).
+const char* quantize_act_int8_route(DType dtype, int64_t k);
+
 }  // namespace ternary

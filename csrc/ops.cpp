@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels.h"
@@ -378,6 +379,39 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
   return y.view(out_shape);
 }
 
+// ternary::quantize_act_int8 (act_quant.cu): x [..., K] -> (x_q [..., K] of out_dtype, s float32
+// [..., 1]). The value checks raise ValueError with the reference's wording (ternary/ops.py,
+// check_quantize_act), so a bad call fails alike on every device.
+std::tuple<at::Tensor, at::Tensor> quantize_act_int8_cuda(const at::Tensor& x,
+                                                          at::ScalarType out_dtype) {
+  const at::ScalarType xt = x.scalar_type();
+  TORCH_CHECK_VALUE(xt == at::kHalf || xt == at::kBFloat16 || xt == at::kFloat,
+      msg("quantize_act_int8 takes float16, bfloat16 or float32 activations; got x ", xt, " ",
+          x.sizes()));
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) > 0,
+      msg("quantize_act_int8 needs x with a non-empty last dimension; got ", x.sizes()));
+  TORCH_CHECK_VALUE(out_dtype == at::kChar || out_dtype == xt,
+      msg("quantize_act_int8 writes x_q as int8 or as x's dtype ", xt, "; got out_dtype=",
+          out_dtype));
+  TORCH_CHECK(x.is_cuda(), msg("quantize_act_int8: x must be a CUDA tensor; got ", x.device()));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t k = x.size(-1);
+  const at::Tensor xc = x.contiguous();  // any alignment: the kernel splits each row itself
+  const int64_t m = xc.numel() / k;
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(out_dtype));
+  std::vector<int64_t> s_shape(x.sizes().begin(), x.sizes().end() - 1);
+  s_shape.push_back(1);
+  at::Tensor s = at::empty(s_shape, x.options().dtype(at::kFloat));
+  if (m == 0) return {q, s};
+  const DType dt = dtype_of(xc, "x");
+  check_cuda(launch_quantize_act_int8(xc.data_ptr(), dt, q.data_ptr(), out_dtype == at::kChar,
+                                      s.data_ptr<float>(), m, k,
+                                      at::cuda::getCurrentCUDAStream()),
+             msg("quantize_act_int8 (m=", m, ", k=", k, ", x ", xt, ", out ", out_dtype,
+                 ", kernel ", quantize_act_int8_route(dt, k), ")"));
+  return {q, s};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -390,6 +424,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("gemm_fused", &gemm_fused_cuda);
   m.impl("dequantize_repacked", &dequantize_repacked_cuda);
   m.impl("linear_fused", &linear_fused_cuda);
+  m.impl("quantize_act_int8", &quantize_act_int8_cuda);
 }
 
 }  // namespace ternary
