@@ -1,9 +1,15 @@
-"""A tiny deterministic ternary Llama model, for tests and smoke tests without downloads.
+"""A tiny deterministic ternary model, for tests and smoke tests without downloads.
 
-Llama architecture (vLLM's and transformers' own implementation), shapes chosen so that
-vLLM's CPU attention accepts them (head_dim 32) and every K is a multiple of 4; a
-byte-level BPE tokenizer trained offline on the text below; weights drawn from a seeded
-generator and absmean-quantized, so the same arguments always write the same bytes.
+Llama architecture (vLLM's and transformers' own implementation), or BitNetForCausalLM in
+the layout of microsoft/bitnet-b1.58-2B-4T (arch "bitnet": sub-norms, relu2, tied
+embeddings, autobitlinear); shapes chosen so that vLLM's CPU attention accepts them
+(head_dim 32) and every K is a multiple of 4; a byte-level BPE tokenizer trained offline on
+the text below; weights drawn from a seeded generator and absmean-quantized, so the same
+arguments always write the same bytes.
+
+The RMSNorm weights carry a few outlier channels, as trained models' do: they dominate each
+token's int8 activation scale, so serving a bitnet checkpoint with float activations
+instead of its int8 ones changes greedy tokens (a check that compares tokens can fail).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ SHAPE = {
 }
 VOCAB_SIZE = 384
 FORMATS = ("ternary", "bitnet")
+ARCHS = ("llama", "bitnet")
+# outlier channels per RMSNorm weight and their range (trained BitNet and Llama norms have a
+# handful of channels tens of times the rest)
+OUTLIERS, OUTLIER_RANGE = 4, (20.0, 40.0)
 SCALES = canonical.SCALE_MODES
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]
 # A ChatML-like template, so the OpenAI chat endpoint works on the tiny model.
@@ -110,14 +120,37 @@ def _absmean(w: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tens
 INDEX_NAME = "model.safetensors.index.json"
 
 
-def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: int = 32,
-         seed: int = 0, intermediate_size: int | None = None) -> Path:
+def _with_outliers(w: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """`w` with OUTLIERS channels set to values in OUTLIER_RANGE (drawn from `g`, a generator
+    of their own, so every other tensor is what it was without outliers)."""
+    idx = torch.randperm(w.numel(), generator=g)[:OUTLIERS]
+    lo, hi = OUTLIER_RANGE
+    w = w.clone()
+    w[idx] = lo + (hi - lo) * torch.rand(OUTLIERS, generator=g)
+    return w
+
+
+def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: int = 32,
+         seed: int = 0, intermediate_size: int | None = None, *, arch: str = "llama",
+         online: bool = False) -> Path:
     """Writes the tiny model to `out` and returns it. `intermediate_size` replaces the MLP
     width (a multiple of 4), e.g. to write a model whose down_proj K does not split into
-    packed bytes across tensor-parallel ranks."""
+    packed bytes across tensor-parallel ranks. `arch` "bitnet" writes BitNetForCausalLM as
+    2B-4T stores it (format bitnet, linear_class autobitlinear); `online` stores the dense
+    float master weights instead of packed ones (quantization_mode "online", as 2B-4T's
+    -bf16 variant), which the bitnet format's autobitlinear quantizes when loading. `fmt`
+    defaults to "ternary" for Llama, "bitnet" for BitNet."""
     from safetensors.torch import save_file
 
-
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {list(ARCHS)}")
+    fmt = fmt or ("bitnet" if arch == "bitnet" or online else "ternary")
+    if arch == "bitnet" and fmt != "bitnet":
+        raise ValueError(f"arch 'bitnet' is written in the bitnet format, as 2B-4T is; "
+                         f"format={fmt!r} applies to arch 'llama' only")
+    if online and fmt != "bitnet":
+        raise ValueError(f"online (dense master weights, quantization_mode 'online') is a "
+                         f"mode of the bitnet format; format={fmt!r} stores packed weights")
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")
     if scale not in SCALES:
@@ -146,27 +179,43 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     vocab = train_tokenizer(out)
     d = _dims(shape)
     g = torch.Generator().manual_seed(seed)
+    g_out = torch.Generator().manual_seed(seed + 1)  # outliers: other tensors stay as they were
+    # 2B-4T: autobitlinear multiplies by the stored scale; the Llama bitnet model keeps
+    # transformers' default bitlinear, which divides by it
+    autobit = arch == "bitnet" or online
 
     def randn(*shape, std):
         return torch.randn(*shape, generator=g, dtype=torch.float32) * std
 
+    def norm(n):
+        return _with_outliers(1.0 + randn(n, std=0.1), g_out)
+
     tensors: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": randn(vocab, d["hidden"], std=1.0),
         "model.norm.weight": torch.ones(d["hidden"]),
-        # Sharp logits keep greedy decoding far from ties, so implementations agree.
-        "lm_head.weight": randn(vocab, d["hidden"], std=0.2),
     }
+    # Sharp logits keep greedy decoding far from ties, so implementations agree. (Drawn for
+    # BitNet too, so that its layers hold the same weights as the Llama model's; its output
+    # embedding is the input one.)
+    lm_head = randn(vocab, d["hidden"], std=0.2)
+    if arch == "llama":
+        tensors["lm_head.weight"] = lm_head
     for i in range(shape["num_hidden_layers"]):
         p = f"model.layers.{i}"
-        tensors[f"{p}.input_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
-        tensors[f"{p}.post_attention_layernorm.weight"] = 1.0 + randn(d["hidden"], std=0.1)
+        tensors[f"{p}.input_layernorm.weight"] = norm(d["hidden"])
+        tensors[f"{p}.post_attention_layernorm.weight"] = norm(d["hidden"])
+        if arch == "bitnet":
+            tensors[f"{p}.self_attn.attn_sub_norm.weight"] = norm(d["q"])
+            tensors[f"{p}.mlp.ffn_sub_norm.weight"] = norm(d["inter"])
         for mod, (rows, cols) in PROJECTIONS.items():
             n, k = d[rows], d[cols]
             w = randn(n, k, std=k ** -0.5)
-            if fmt == "bitnet":
+            if online:
+                enc = {"weight": w}  # quantized by the loader (transformers' WeightQuant)
+            elif fmt == "bitnet":
                 codes, s = _absmean(w, None)
-                # linear_class "bitlinear" divides by the stored scale
-                enc = bitnet.encode(codes, float(1.0 / s))
+                # autobitlinear multiplies by the stored scale, bitlinear divides by it
+                enc = bitnet.encode(codes, float(s if autobit else 1.0 / s))
             elif scale == "group":
                 codes, s = _absmean(w.view(n, k // group_size, group_size), 2)
                 enc = canonical.encode(codes.view(n, k), s.view(n, k // group_size))
@@ -176,18 +225,32 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
             tensors.update({f"{p}.{mod}.{suffix}": t for suffix, t in enc.items()})
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
-    if fmt == "bitnet":
-        qcfg = {"quant_method": "bitnet", "linear_class": "bitlinear",
-                "quantization_mode": "offline", "modules_to_not_convert": ["lm_head"]}
+    if arch == "bitnet":  # 2B-4T's quantization_config, word for word
+        qcfg = {"quant_method": "bitnet", "linear_class": "autobitlinear",
+                "quantization_mode": "online" if online else "offline"}
+    elif fmt == "bitnet":
+        qcfg = {"quant_method": "bitnet",
+                "linear_class": "autobitlinear" if autobit else "bitlinear",
+                "quantization_mode": "online" if online else "offline",
+                "modules_to_not_convert": ["lm_head"]}
     else:
         qcfg = canonical.quantization_config(scale, group_size, ["lm_head"])
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": vocab, **shape, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
-        "mlp_bias": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
-        "quantization_config": qcfg,
-    }
+    if arch == "bitnet":
+        config = {
+            "architectures": ["BitNetForCausalLM"], "model_type": "bitnet",
+            "vocab_size": vocab, **shape, "hidden_act": "relu2", "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": True, "attention_bias": False,
+            "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+            "quantization_config": qcfg,
+        }
+    else:
+        config = {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": vocab, **shape, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False,
+            "mlp_bias": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+            "quantization_config": qcfg,
+        }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""`ternary make-tiny DIR`: write the tiny deterministic ternary Llama model (ternary.tiny)."""
+"""`ternary make-tiny DIR`: write the tiny deterministic ternary model (ternary.tiny): Llama,
+or BitNetForCausalLM in 2B-4T's layout (--arch bitnet)."""
 
 from __future__ import annotations
 
@@ -32,8 +33,16 @@ def add_arguments(p) -> None:
 
     p.add_argument("out", type=_out_dir, help="directory to write (created; a previous "
                    "make-tiny model there is replaced)")
-    p.add_argument("--format", default="ternary", choices=tiny.FORMATS,
-                   help="ternary: canonical v1; bitnet: transformers' layout (Llama arch)")
+    p.add_argument("--arch", default="llama", choices=tiny.ARCHS,
+                   help="llama: LlamaForCausalLM; bitnet: BitNetForCausalLM as "
+                        "microsoft/bitnet-b1.58-2B-4T (sub-norms, relu2, tied embeddings, "
+                        "bitnet format, autobitlinear)")
+    p.add_argument("--format", default=None, choices=tiny.FORMATS,
+                   help="ternary: canonical v1; bitnet: transformers' layout (default: ternary "
+                        "for --arch llama, bitnet for --arch bitnet)")
+    p.add_argument("--online", action="store_true",
+                   help="bitnet format: store dense float master weights (quantization_mode "
+                        "online, as 2B-4T's -bf16 variant), quantized when loaded")
     p.add_argument("--scale", default="channel", choices=tiny.SCALES,
                    help="scale granularity of the ternary format (bitnet: one per tensor)")
     p.add_argument("--group-size", type=int, default=32, help="with --scale group")
@@ -45,6 +54,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import json
+
     from rich.console import Console
 
     from ternary import tiny
@@ -53,7 +64,7 @@ def run(args) -> int:
     try:
         with console.status(f"writing {args.out}"):
             tiny.make(args.out, args.format, args.scale, args.group_size, args.seed,
-                      args.intermediate_size)
+                      args.intermediate_size, arch=args.arch, online=args.online)
     except ValueError as e:
         print(f"ternary make-tiny: {e}", file=sys.stderr)
         return 2
@@ -67,5 +78,9 @@ def run(args) -> int:
         return 2
     for f in sorted(args.out.iterdir()):
         console.print(f"  {f.name:28} {f.stat().st_size:>10,} bytes")
-    console.print(f"tiny {args.format} model in {args.out}")
+    cfg = json.loads((args.out / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    mode = f", {qc['quantization_mode']}" if "quantization_mode" in qc else ""
+    console.print(f"tiny {cfg['architectures'][0]} ({qc['quant_method']} format{mode}) in "
+                  f"{args.out}")
     return 0

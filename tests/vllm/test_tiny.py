@@ -30,6 +30,62 @@ def test_make_tiny_is_deterministic(tmp_path, fmt):
     assert cfg["head_dim"] in (32, 64, 80, 96, 112, 128)  # vLLM's CPU attention
 
 
+@pytest.mark.parametrize("online", [False, True])
+def test_make_tiny_bitnet_arch(tmp_path, online):
+    """--arch bitnet: BitNetForCausalLM as microsoft/bitnet-b1.58-2B-4T stores it (its
+    quantization_config word for word, tied embeddings, sub-norms, relu2), deterministic."""
+    from safetensors.torch import load_file
+
+    args = ["--arch", "bitnet", *(["--online"] if online else [])]
+    assert cli(["make-tiny", str(tmp_path / "a"), *args]) == 0
+    assert cli(["make-tiny", str(tmp_path / "b"), *args]) == 0
+    assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["architectures"] == ["BitNetForCausalLM"] and cfg["model_type"] == "bitnet"
+    assert cfg["hidden_act"] == "relu2" and cfg["tie_word_embeddings"] is True
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32  # vLLM's CPU attention
+    assert cfg["quantization_config"] == {
+        "quant_method": "bitnet", "linear_class": "autobitlinear",
+        "quantization_mode": "online" if online else "offline"}
+    t = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert "lm_head.weight" not in t
+    assert list(t["model.layers.1.self_attn.attn_sub_norm.weight"].shape) == [128]
+    assert list(t["model.layers.1.mlp.ffn_sub_norm.weight"].shape) == [256]
+    w = t["model.layers.0.mlp.down_proj.weight"]
+    if online:  # dense master weights, quantized by whoever loads them
+        assert w.dtype == torch.float32 and list(w.shape) == [128, 256]
+        assert not any(k.endswith("weight_scale") for k in t)
+    else:  # packed along N; autobitlinear multiplies by the scale: absmean of std K^-0.5
+        assert w.dtype == torch.uint8 and list(w.shape) == [32, 256]
+        s = float(t["model.layers.0.mlp.down_proj.weight_scale"].float())
+        assert 0.5 * 256 ** -0.5 < s < 256 ** -0.5
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_make_tiny_norms_have_outlier_channels(tmp_path, arch):
+    """Every RMSNorm but the last has tiny.OUTLIERS channels in OUTLIER_RANGE (they set each
+    token's int8 activation scale, as trained models' do); the final norm is ones."""
+    from safetensors.torch import load_file
+
+    t = load_file(str(tiny.make(tmp_path, arch=arch) / "model.safetensors"))
+    norms = [k for k in t if k.endswith("norm.weight") and k != "model.norm.weight"]
+    assert len(norms) == (8 if arch == "bitnet" else 4)
+    lo, hi = tiny.OUTLIER_RANGE
+    for k in norms:
+        big = t[k][t[k] > 2]
+        assert len(big) == tiny.OUTLIERS and bool(((big >= lo) & (big <= hi)).all()), k
+    assert torch.equal(t["model.norm.weight"], torch.ones(128))
+
+
+def test_make_tiny_bitnet_refusals(tmp_path, capsys):
+    assert cli(["make-tiny", str(tmp_path / "x"), "--arch", "bitnet", "--format", "ternary"]) == 2
+    assert "format='ternary' applies to arch 'llama' only" in capsys.readouterr().err
+    assert cli(["make-tiny", str(tmp_path / "y"), "--format", "ternary", "--online"]) == 2
+    assert "online (dense master weights" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="arch 'gpt2' is not one of"):
+        tiny.make(tmp_path / "z", arch="gpt2")
+
+
 def test_make_tiny_refusals(tmp_path, capsys):
     assert cli(["make-tiny", str(tmp_path / "x"), "--format", "bitnet", "--scale", "group"]) == 2
     assert "scale='group' applies to the ternary format only" in capsys.readouterr().err
