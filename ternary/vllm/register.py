@@ -6,6 +6,10 @@
   `get_quantization_config` and the `--quantization` argparse choices read, so it is
   mutated in place (other modules hold references to the same dict). On 0.6.x this must
   run before vLLM builds its argument parser; `ternary serve` does that.
+
+It also registers BitNetForCausalLM (ternary.vllm.models) with vLLM's out-of-tree model
+registry, by its import string so that nothing of the model is imported until vLLM builds
+it; where vLLM cannot build it (0.6.x) a stand-in that refuses, naming a target that can.
 """
 
 from __future__ import annotations
@@ -27,8 +31,29 @@ def vllm_version() -> str:
 
 
 def register() -> str:
-    """Makes quant_method "ternary" known to vLLM; returns how ("api", "dict" or
-    "already")."""
+    """Makes quant_method "ternary" and BitNetForCausalLM known to vLLM; returns how the
+    quantization method was registered ("api", "dict" or "already")."""
+    how = _register_quantization()
+    register_models()
+    return how
+
+
+def register_models() -> str:
+    """Registers BitNetForCausalLM; returns what ("bitnet", or "refusal" where this vLLM
+    cannot build it)."""
+    from vllm import ModelRegistry
+
+    from ternary.vllm import models
+
+    if models.unsupported_reason(vllm_version()) is not None:
+        # a class (light: torch.nn only) that every release's registry takes
+        ModelRegistry.register_model(models.BITNET_ARCH, models.UnservedBitNet)
+        return "refusal"
+    ModelRegistry.register_model(models.BITNET_ARCH, models.BITNET_CLASS)
+    return "bitnet"
+
+
+def _register_quantization() -> str:
     from vllm.model_executor.layers import quantization as q
 
     from ternary.vllm.config import NAME, TernaryConfig
