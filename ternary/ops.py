@@ -208,8 +208,12 @@ def _quantize_act_int8_ref(x: torch.Tensor, out_dtype: torch.dtype
     t.reciprocal() * 127), x_q = round_half_even(x * s) clamped to [-128, 127]."""
     check_quantize_act(x, out_dtype)
     xf = x.to(torch.float32)
-    amax = xf.abs().amax(dim=-1, keepdim=True).clamp(min=ACT_EPS)
-    s = amax.reciprocal() * ACT_QMAX
+    return _quantize_rows(xf, xf.abs().amax(dim=-1, keepdim=True), out_dtype)
+
+
+def _quantize_rows(xf: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    s = amax.clamp(min=ACT_EPS).reciprocal() * ACT_QMAX
     q = (xf * s).round().clamp(ACT_QMIN, ACT_QMAX)
     return q.to(out_dtype), s
 
@@ -499,24 +503,37 @@ def linear_fused(x: torch.Tensor, repacked: torch.Tensor, packed: torch.Tensor |
     return torch.ops.ternary.linear_fused(x, repacked, packed, scale, group_size, n, max_m, bias)
 
 
-def quantize_act_int8(x: torch.Tensor, out_dtype: torch.dtype | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_act_int8(x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                      amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token int8 quantization of activations exactly as transformers' bitnet layers do
     it (docs/formats.md, activation int8_per_token): returns (x_q, s), x_q integer-valued in
     [-128, 127] as `out_dtype` (default x's dtype; int8 also), s float32 [..., 1] with
-    x ~= x_q / s. One pass over each row on CUDA."""
-    return torch.ops.ternary.quantize_act_int8(x, x.dtype if out_dtype is None else out_dtype)
+    x ~= x_q / s. One pass over each row on CUDA.
+
+    `amax` (float32 [..., 1]): each row's max |x| when x is only a slice of the row, as in a
+    row-parallel layer under tensor parallelism, where the token's scale must come from the
+    whole row (all ranks); then the element-wise reference arithmetic runs."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if amax is None:
+        return torch.ops.ternary.quantize_act_int8(x, out_dtype)
+    check_quantize_act(x, out_dtype)
+    if amax.dtype != torch.float32 or list(amax.shape) != [*x.shape[:-1], 1]:
+        raise ValueError(f"amax must be float32 {[*x.shape[:-1], 1]} (one value a row of x "
+                         f"{list(x.shape)}); got {amax.dtype} {list(amax.shape)}")
+    return _quantize_rows(x.to(torch.float32), amax, out_dtype)
 
 
-def linear_a8(x: torch.Tensor, linear, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_a8(x: torch.Tensor, linear, bias: torch.Tensor | None = None,
+              amax: torch.Tensor | None = None) -> torch.Tensor:
     """y = (x_q . codes) * w_scale / s_x (+ bias) for a layer whose activation mode is
     int8_per_token: `linear(x_q)` is the layer's ternary GEMM without bias, fed the
     integer-valued x_q in x's dtype. Integer x_q (|x_q| <= 128) times ternary codes sums
     exactly in the kernels' float32 accumulators while K * 128 < 2^24 (K < 131072), so with a
     channel or tensor scale the GEMM is the exact integer sum times w_scale, rounded once to
     x's dtype; past that bound (or with group scales, applied per K tile) it is float32
-    rounding as for any float input. The division by s happens in float32."""
-    xq, s = quantize_act_int8(x)
+    rounding as for any float input. The division by s happens in float32. `amax`: as in
+    quantize_act_int8, for x that is a slice of each row."""
+    xq, s = quantize_act_int8(x, amax=amax)
     y = (linear(xq).to(torch.float32) / s).to(x.dtype)
     if bias is not None:
         y = y + bias

@@ -215,8 +215,25 @@ class TernaryLinearMethod(LinearMethodBase):
               bias: torch.Tensor | None = None) -> torch.Tensor:
         kernel, prepared = layer.ternary_kernel, layer.ternary_prepared
         if self.spec.activation == "int8_per_token":
-            return ops.linear_a8(x, lambda xq: kernel.apply(xq, prepared, None), bias)
+            return ops.linear_a8(x, lambda xq: kernel.apply(xq, prepared, None), bias,
+                                 amax=split_row_amax(layer, x))
         return kernel.apply(x, prepared, bias)
+
+
+def split_row_amax(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """Each token's max |x| over the whole row where tensor parallelism gives this rank only a
+    slice of it (a row-parallel layer: o_proj, down_proj), else None. A token's int8 scale
+    comes from its whole input row, at TP=1 and in transformers; from the slice, TP=2 gave
+    other tokens (o_proj off by 2.1 on make-tiny's bitnet model, gloo)."""
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    if not (isinstance(layer, RowParallelLinear) and getattr(layer, "tp_size", 1) > 1
+            and getattr(layer, "input_is_parallel", True)):
+        return None
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    local = x.abs().amax(-1, keepdim=True).to(torch.float32)
+    return tensor_model_parallel_all_gather(local, dim=-1).amax(-1, keepdim=True)
 
 
 class SkippedLinearMethod(UnquantizedLinearMethod):
