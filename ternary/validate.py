@@ -273,6 +273,12 @@ def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1, max_len: i
         cpu_env_defaults(tp)
     from vllm import LLM
 
+    from ternary.vllm.models import check_vllm
+    from ternary.vllm.register import vllm_version
+
+    # (before vLLM reads the config: 0.6.x's transformers does not know model_type bitnet)
+    check_vllm(json.loads((model_dir / "config.json").read_text()).get("model_type"),
+               vllm_version())
     kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,
               "max_model_len": max_len, "max_logprobs": vocab, "tensor_parallel_size": tp}
     try:  # compare logits themselves where vLLM can return them (>= 0.10)

@@ -40,6 +40,31 @@ def tensor_parallel(vllm_args: list[str]) -> int:
         return 1
 
 
+def refusal_before_start(model: str) -> str | None:
+    """What the plugin refuses about a local model before vLLM starts: on vLLM 0.6.x a
+    BitNetForCausalLM checkpoint stops inside transformers' AutoConfig (4.45/4.46 do not
+    know model_type "bitnet") before the plugin's own refusal could name a target."""
+    import json
+    from pathlib import Path
+
+    from ternary.vllm.models import check_vllm
+    from ternary.vllm.register import vllm_version
+    from ternary.vllm.spec import TernaryConfigError
+
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return None  # a hub name: vLLM resolves it
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None  # vLLM reports an unreadable config itself
+    try:
+        check_vllm(model_type, vllm_version())
+    except TernaryConfigError as e:
+        return str(e)
+    return None
+
+
 def run(args) -> int:
     from ternary.smoke import cpu_env_defaults
 
@@ -54,6 +79,10 @@ def run(args) -> int:
         return 2
     except RuntimeError as e:  # a vLLM the plugin does not support
         print(f"ternary serve: {e}", file=sys.stderr)
+        return 2
+    why = refusal_before_start(args.model)
+    if why:
+        print(f"ternary serve: {why}", file=sys.stderr)
         return 2
     sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args]
     try:

@@ -56,7 +56,13 @@ class TernaryConfig(QuantizationConfig):
         if user_quant not in (None, NAME):
             return None
         model_type = getattr(hf_config, "model_type", None)
-        return NAME if spec_mod.claims_bitnet(dict(hf_quant_cfg), model_type) else None
+        if not spec_mod.claims_bitnet(dict(hf_quant_cfg), model_type):
+            return None
+        if hf_config is not None:  # an architecture we do not serve is named here
+            from ternary.vllm.models import check_architecture
+
+            check_architecture(hf_config)
+        return NAME
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if not isinstance(layer, LinearBase):

@@ -58,6 +58,14 @@ def test_from_config_and_override(registered):
                                                    BitNet()) == "ternary"
     with pytest.raises(TernaryConfigError, match="model_type='falcon'"):
         registered.override_quantization_method({"quant_method": "bitnet"}, None, Falcon())
+
+    class BitNetOther:
+        model_type = "bitnet"
+        architectures = ["BitNetForSequenceClassification"]
+
+    with pytest.raises(TernaryConfigError, match=r"architectures=\['BitNetForSequenceClassification'\]"
+                       r".*bitnet: \['BitNetForCausalLM'\]"):
+        registered.override_quantization_method({"quant_method": "bitnet"}, None, BitNetOther())
     with pytest.raises(TernaryConfigError, match="quant_method='awq'"):
         registered.from_config({"quant_method": "awq"})
 
