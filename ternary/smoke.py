@@ -127,7 +127,7 @@ class ServerRun:
     log: str = ""
     tp: int = 1
     model: str = ""  # the model directory served
-    reference: str = "float32 transformers"  # or "none (answers only)"
+    reference: str = "float32 transformers"  # ternary.validate.reference_kind, or "none (answers only)"
 
     @property
     def ok(self) -> bool:
@@ -419,6 +419,15 @@ def check_kernel(log_path: Path, expect: str) -> tuple[bool, str]:
     return True, f"{len(lines)} layer shapes on {expect}: {'; '.join(lines)}"
 
 
+# The make-tiny models smoke serves (ternary.tiny.make arguments) and how each is launched:
+# canonical through `ternary serve`, the bitnet ones through vLLM's own server with the plugin
+# entry point alone. "bitnet-arch" is BitNetForCausalLM in microsoft/bitnet-b1.58-2B-4T's
+# layout; the other two are Llama.
+TINY_MODELS = {"ternary": {"fmt": "ternary"}, "bitnet": {"fmt": "bitnet"},
+               "bitnet-arch": {"fmt": "bitnet", "arch": "bitnet"}}
+LAUNCHERS = {"ternary": "ternary", "bitnet": "vllm", "bitnet-arch": "vllm"}
+
+
 def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
               status=None, dtype: str = "float32", tol: float = 0.0,
               expect_kernel: str | None = None, tp: int = 1,
@@ -430,7 +439,7 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
     if model_dir is None:
         model_dir = work / f"tiny-{fmt}"
         say(f"[{fmt}] writing the tiny model to {model_dir}")
-        tiny.make(model_dir, fmt)
+        tiny.make(model_dir, **TINY_MODELS[fmt])
         say(f"[{fmt}] building the transformers reference")
         ref = Reference(model_dir, tol)
     else:
@@ -439,9 +448,11 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
     log = work / f"server-{tag}.log"
     port = free_port()
     server = Server(server_command(model_dir, launcher, port, dtype, tp), port, log)
+    from ternary.validate import reference_kind
+
     run = ServerRun(fmt, launcher, server.port, log=str(log), tp=tp, model=str(model_dir),
                     reference="none (answers only)" if isinstance(ref, AnswersOnly)
-                    else ServerRun.reference)
+                    else reference_kind(json.loads((model_dir / "config.json").read_text())))
     say(f"[{fmt}] started {' '.join(server.cmd[1:])} (PID {server.proc.pid}); waiting for "
         f"/health (at most {health_timeout:.0f} s)")
     t = time.monotonic()
@@ -471,7 +482,9 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ternary.smoke", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="cpu", help="target of envs/targets.toml (for the report)")
-    p.add_argument("--formats", default="ternary,bitnet", help="comma-separated: ternary,bitnet")
+    p.add_argument("--formats", default=",".join(TINY_MODELS),
+                   help=f"comma-separated make-tiny models, from {list(TINY_MODELS)} "
+                        "(bitnet-arch: BitNetForCausalLM)")
     p.add_argument("--health-timeout", type=float, default=HEALTH_TIMEOUT_S)
     p.add_argument("--keep", type=Path, help="write models and server logs here and keep them")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -508,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(stderr=True)
     cpu_env_defaults(args.tp)
-    launchers = {"ternary": "ternary", "bitnet": "vllm"}
+    launchers = LAUNCHERS
     formats = [f for f in args.formats.split(",") if f]
     unknown = [f for f in formats if f not in launchers]
     if unknown:

