@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ternary.gemm_bench import main
+from ternary.tools.gemm_bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -95,7 +95,7 @@ def sampler(nvml: Nvml, out: list, stop: threading.Event, period_s: float = 0.00
 
 def build_cases(k: int, n: int, m: int, device) -> dict:
     from ternary import kernels, ops
-    from ternary.gemm_bench import weight_copies
+    from ternary.tools.gemm_bench import weight_copies
 
     _, _, _, prepared, dense = weight_copies(k, n, device, torch.bfloat16,
                                              kernels.FusedKernel())
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--settle", type=float, default=1.0, help="idle seconds before each burst")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    from ternary.gemm_bench import parse_shapes
+    from ternary.tools.gemm_bench import parse_shapes
 
     shapes = parse_shapes(args.shapes)
     if any(m < 1 for m in args.m) or not 0 < args.ms < math.inf or not 0 <= args.settle < 60:

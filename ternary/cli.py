@@ -13,13 +13,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-info": ("build_info", "what the installed ternary._C was built with"),
     "targets": ("targets", "the target matrix of envs/targets.toml"),
     "bench": ("bench", "time the gemm kernels against cuBLAS bf16 and gemlite (GPU)"),
-    "make-tiny": ("make_tiny", "write a tiny deterministic ternary Llama model"),
+    "make-tiny": ("make_tiny", "write a tiny deterministic ternary model (Llama or BitNetForCausalLM)"),
     "validate": ("validate", "compare vLLM with a transformers reference on a model"),
     "serve": ("serve", "vLLM's OpenAI server with the ternary method registered first"),
     "bench-serve": ("bench_serve", "serving tokens/s, TTFT, weight memory: ternary vs bf16 in vLLM"),
     "doctor": ("doctor", "check driver, torch, toolchain, GPU archs, vLLM plugin; a fix each"),
     "convert": ("convert", "a bitnet, vendor-int8 or dense checkpoint to the canonical ternary format"),
     "inspect": ("inspect", "a checkpoint's format, modules, packing, scales and every problem found"),
+    "smoke": ("smoke", "real vLLM servers on make-tiny models: requests against transformers, clean stop"),
+    "tp-kernels": ("tp_kernels", "the fused kernel between NCCL all-reduces on N GPUs, without vLLM"),
+    "kernel-soak": ("kernel_soak", "linear_fused launched over and over on every GPU, hangs named"),
 }
 
 

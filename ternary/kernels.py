@@ -21,13 +21,12 @@ tests can inject WSL2, Windows or a machine without a GPU.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from ternary import _ext, ops, settings
+from ternary.platform import Platform, detect_platform
 
 ENV = "TERNARY_KERNEL"  # ternary.settings
 
@@ -37,48 +36,6 @@ ENV = "TERNARY_KERNEL"  # ternary.settings
 # against 30-133),
 # except where the Hopper wgmma_big kernel's grid fills the GPU (csrc/fused.cu, pick_route).
 FUSED_MAX_M = 128
-
-
-@dataclass(frozen=True)
-class Platform:
-    system: str  # "linux" or "windows"
-    wsl: bool
-    cuda: bool  # a CUDA device is visible
-    capability: tuple[int, int] | None
-    extension: bool  # ternary._C loaded
-    extension_error: str | None = None
-    extension_archs: tuple[str, ...] | None = None  # its build_info arch_list (None: unknown)
-
-    @property
-    def label(self) -> str:
-        return "WSL2" if self.wsl else ("native Windows" if self.system == "windows" else self.system)
-
-
-def _is_wsl() -> bool:
-    try:
-        with open("/proc/version") as fh:
-            return "microsoft" in fh.read().lower()
-    except OSError:
-        return False
-
-
-def detect_platform(device: torch.device | None = None) -> Platform:
-    cuda = torch.cuda.is_available()
-    cap = None
-    if cuda:
-        idx = device.index if device is not None and device.type == "cuda" else None
-        cap = torch.cuda.get_device_capability(idx)
-    err = _ext.load_error()
-    archs = tuple(_ext.arch_list(_ext.build_info())) or None
-    return Platform(
-        system="windows" if os.name == "nt" or sys.platform == "win32" else "linux",
-        wsl=_is_wsl(),
-        cuda=cuda,
-        capability=cap,
-        extension=_ext.load() is not None,
-        extension_error=None if err is None else str(err),
-        extension_archs=archs,
-    )
 
 
 @dataclass
@@ -119,11 +76,9 @@ class Kernel:
 def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
     """Once per layer at load: a NaN, inf or zero scale, or a code 3 (no kernel decodes it:
     the CUDA ones read it as +2), would otherwise give silently wrong outputs."""
-    from ternary.formats.module import bad_scale_values
-
     if packed.device.type == "meta":
         return
-    why = bad_scale_values(scale)
+    why = ops.bad_scale_values(scale)
     if why:
         raise ValueError(f"scale {list(scale.shape)}: {why}; re-quantize the layer")
     code3 = (packed & (packed >> 1) & 0x55) != 0
@@ -133,7 +88,7 @@ def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
                          f"(first at [n, byte] = {first}: {int(packed[tuple(first)])}); only "
                          "0, 1, 2 encode -1, 0, +1: the weight is corrupt or was never loaded "
                          "(vLLM's load_format=dummy leaves integer weights as they were "
-                         "allocated; ternary.bigmodel writes random valid ones)")
+                         "allocated; ternary.tools.synthetic.bigmodel writes random valid ones)")
 
 
 def check_x(x: torch.Tensor, prepared: Prepared) -> None:
@@ -161,7 +116,7 @@ def _build_misses_gpu(platform: Platform) -> str | None:
     fail at launch with "no kernel image is available"."""
     if not (platform.extension and platform.extension_archs and platform.capability):
         return None
-    from ternary.doctor import arch_covers
+    from ternary.platform import arch_covers
 
     cap = ".".join(map(str, platform.capability))
     if any(arch_covers(arch, cap) for arch in platform.extension_archs):

@@ -5,7 +5,7 @@ CompositeExplicitAutograd, so it serves every device; ternary._C registers CUDA 
 the same ops through TORCH_LIBRARY_IMPL(ternary, CUDA, ...). The fake (meta) kernels let
 torch.compile and CUDA-graph capture trace the ops without running them.
 
-Canonical layout (DESIGN.md, Formats): packed uint8 [N, K/4], four 2-bit codes per byte
+Canonical layout (docs/formats.md): packed uint8 [N, K/4], four 2-bit codes per byte
 along K, LSB first, code = w + 1; scale float32 [N] (channel), [1] (tensor) or
 [N, ceil(K/group_size)] (group).
 """
@@ -195,6 +195,20 @@ def check_quantize_act(x: torch.Tensor, out_dtype: torch.dtype) -> None:
     if out_dtype not in (torch.int8, x.dtype):
         raise ValueError(f"quantize_act_int8 writes x_q as int8 or as x's dtype {x.dtype}; got "
                          f"out_dtype={out_dtype}")
+
+
+def bad_scale_values(scale: torch.Tensor) -> str | None:
+    """What is wrong with a scale's values (NaN, inf or zero; every reader and the kernels'
+    prepare refuse them), or None."""
+    s = scale.to(torch.float32)
+    bad = ~torch.isfinite(s) | (s == 0)
+    if not bool(bad.any()):
+        return None
+    first = bad.nonzero()[0].tolist()
+    kinds = [k for k, m in (("NaN", torch.isnan(s)), ("inf", torch.isinf(s)), ("zero", s == 0))
+             if m.any()]
+    return (f"{int(bad.sum())} of {s.numel()} scale values are {'/'.join(kinds)} (first at "
+            f"index {first}: {s[tuple(first)].item()}); every scale must be finite and non-zero")
 
 
 # ---------------------------------------------------------------------------------------

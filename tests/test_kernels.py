@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from ternary import kernels, ops
+from ternary.platform import Platform, detect_platform
 
-GPU = kernels.Platform(system="linux", wsl=False, cuda=True, capability=(9, 0), extension=True)
-WSL_NO_EXT = kernels.Platform(system="linux", wsl=True, cuda=True, capability=(8, 9),
+GPU = Platform(system="linux", wsl=False, cuda=True, capability=(9, 0), extension=True)
+WSL_NO_EXT = Platform(system="linux", wsl=True, cuda=True, capability=(8, 9),
                               extension=False, extension_error="undefined symbol: foo")
-WINDOWS = kernels.Platform(system="windows", wsl=False, cuda=True, capability=(8, 9),
+WINDOWS = Platform(system="windows", wsl=False, cuda=True, capability=(8, 9),
                            extension=True)
-CPU_ONLY = kernels.Platform(system="linux", wsl=False, cuda=False, capability=None,
+CPU_ONLY = Platform(system="linux", wsl=False, cuda=False, capability=None,
                             extension=False)
 
 
@@ -46,7 +47,7 @@ def test_group_size_not_multiple_of_64_takes_cublas():
 
 
 def test_old_gpu_refused_by_fused():
-    old = kernels.Platform(system="linux", wsl=False, cuda=True, capability=(7, 5),
+    old = Platform(system="linux", wsl=False, cuda=True, capability=(7, 5),
                            extension=True)
     ok, why = kernels.FusedKernel().can_implement(old, 1, 4, torch.float16, 0,
                                                   torch.device("cuda"))
@@ -106,12 +107,6 @@ def test_nothing_fits_lists_every_reason():
     for name in ("fused:", "cublas:", "reference:"):
         assert name in msg
     assert "torch.float64" in msg
-
-
-def test_detect_platform_reads_wsl(monkeypatch):
-    monkeypatch.setattr(kernels, "_is_wsl", lambda: True)
-    p = kernels.detect_platform()
-    assert p.wsl and p.label == "WSL2"
 
 
 def test_fused_routes_large_m_to_cublas():
@@ -290,6 +285,7 @@ def test_dequantize_repacked_refuses_groups_that_split_tiles():
 _LT_SCRIPT = """
 import torch
 from ternary import kernels, ops
+from ternary.platform import Platform, detect_platform
 codes = torch.randint(-1, 2, (512, 1024), dtype=torch.int8)
 packed, scale = ops.pack(codes).cuda(), torch.rand(512).cuda()
 x = torch.randn(kernels.FUSED_MAX_M + 64, 1024, dtype=torch.bfloat16, device="cuda")

@@ -36,7 +36,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --host-torch: the python that holds the host's torch")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("pytest_args", nargs="*",
-                   help="test-<target>: extra arguments for pytest; smoke-<target>: for ternary.smoke")
+                   help="test-<target>: extra arguments for pytest; smoke-<target>: for `ternary smoke`")
     return p.parse_args(argv)
 
 
@@ -181,7 +181,7 @@ def smoke_command(target: matrix.Target, py: Path, extra: list[str]) -> list[str
     """A target that builds the extension is smoked on what its GPU serves: bf16 through the
     fused kernel. `extra` (after `--`) comes last, so its options win."""
     gpu = ["--dtype", "bfloat16", "--expect-kernel", "fused"] if target.arch_list else []
-    return [str(py), "-P", "-m", "ternary.smoke", "--target", target.name, *gpu, *extra]
+    return [str(py), "-P", "-m", "ternary", "smoke", "--target", target.name, *gpu, *extra]
 
 
 def smoke(target: matrix.Target, opts: argparse.Namespace) -> int:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 
 def add_arguments(p) -> None:
-    from ternary import gemm_bench
+    from ternary.tools import gemm_bench
 
     gemm_bench.add_arguments(p)
 
 
 def run(args) -> int:
-    from ternary import gemm_bench
+    from ternary.tools import gemm_bench
 
     return gemm_bench.run_cli(args)

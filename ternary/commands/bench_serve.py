@@ -1,6 +1,6 @@
 """`ternary bench-serve`: tokens/s, time to first token and weight memory of a ternary model
 served through the plugin against the same shape in bf16, and one-layer models of the same
-width (ternary.bench_serve says how each number is measured)."""
+width (ternary.tools.bench_serve says how each number is measured)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from ternary import bench_serve as b
-    from ternary import bigmodel
+    from ternary.tools import bench_serve as b
+    from ternary.tools.synthetic import bigmodel
 
     p.add_argument("--shape", default="llama2-7b", choices=sorted(bigmodel.SHAPES),
-                   help="model dimensions (ternary.bigmodel.SHAPES)")
+                   help="model dimensions (ternary.tools.synthetic.bigmodel.SHAPES)")
     p.add_argument("--models", default=",".join(b.DEFAULT_MODELS),
                    help=f"comma-separated, from {list(b.MODELS)}")
     p.add_argument("--batches", default=",".join(map(str, b.DEFAULT_BATCHES)),
@@ -56,8 +56,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from ternary import bench_serve as b
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools import bench_serve as b
+    from ternary.tools.engine import cpu_env_defaults, too_few_gpus
 
     err = Console(stderr=True)
     try:
@@ -72,7 +72,7 @@ def run(args) -> int:
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
         return 2
-    why = None if args.prepare_only else b.too_few_gpus(max(tps))
+    why = None if args.prepare_only else too_few_gpus(max(tps))
     if why:
         err.print(f"[red]error:[/] --tp {args.tp}: {why}")
         return 2

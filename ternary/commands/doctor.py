@@ -11,7 +11,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ternary import doctor
+    from ternary.tools import doctor
 
     checks = doctor.run_checks()
     if args.json:

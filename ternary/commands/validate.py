@@ -1,6 +1,6 @@
 """`ternary validate MODEL_DIR`: vLLM against a transformers reference on the dequantized
 weights (greedy tokens, per-position logits, KL; first divergent layer on failure).
-With `--against-tp M`: vLLM at tensor parallel --tp against vLLM at M (ternary.tp_compare)."""
+With `--against-tp M`: vLLM at tensor parallel --tp against vLLM at M (ternary.tools.tp_compare)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def _fail(args, why: str, out=None) -> int:
 def run(args) -> int:
     from rich.table import Table
 
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults()
     if not args.verbose:  # vLLM logs every engine setting at INFO, on stdout
@@ -97,13 +97,13 @@ def run(args) -> int:
         if args.against_tp == args.tp:
             return _fail(args, f"--tp {args.tp} and --against-tp {args.against_tp} are the same "
                                f"size: compare two different tensor-parallel sizes")
-        from ternary.bench_serve import too_few_gpus
+        from ternary.tools.engine import too_few_gpus
 
         why = too_few_gpus(max(args.tp, args.against_tp))
         if why:
             return _fail(args, why)
         return _run_tp_compare(args, console)
-    from ternary.validate import validate
+    from ternary.tools.validate import validate
 
     out = _report_stream()
     try:
@@ -156,7 +156,7 @@ def _per_position(kl: list[float]) -> str:
 def _run_tp_compare(args, console) -> int:
     from rich.table import Table
 
-    from ternary import tp_compare
+    from ternary.tools import tp_compare
 
     out = _report_stream()
     try:

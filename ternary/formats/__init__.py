@@ -1,6 +1,6 @@
 """Ternary checkpoint formats: the canonical `ternary` v1 format, Hugging Face `bitnet`,
 `vendor-int8` and plain `dense` checkpoints; reading (lazily, module by module), checking,
-quantizing and converting them. DESIGN.md, Formats, fixes the layouts.
+quantizing and converting them. docs/formats.md fixes the layouts.
 
     dequantize(model_dir, module) -> float32 [N, K], as the checkpoint defines it
     quantize(weight) -> (codes int8 [N, K], scale float32 [N]), absmean per channel

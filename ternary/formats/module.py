@@ -233,22 +233,10 @@ def check_dtype(files: ModelFiles, tensor: str, allowed: tuple[str, ...], what: 
     return False
 
 
-def bad_scale_values(scale: torch.Tensor) -> str | None:
-    """What is wrong with a scale's values (NaN, inf or zero; every reader and the kernels'
-    prepare refuse them), or None."""
-    s = scale.to(torch.float32)
-    bad = ~torch.isfinite(s) | (s == 0)
-    if not bool(bad.any()):
-        return None
-    first = bad.nonzero()[0].tolist()
-    kinds = [k for k, m in (("NaN", torch.isnan(s)), ("inf", torch.isinf(s)), ("zero", s == 0))
-             if m.any()]
-    return (f"{int(bad.sum())} of {s.numel()} scale values are {'/'.join(kinds)} (first at "
-            f"index {first}: {s[tuple(first)].item()}); every scale must be finite and non-zero")
-
-
 def check_scale_values(files: ModelFiles, tensor: str, scale: torch.Tensor,
                        problems: list[Problem]) -> bool:
+    from ternary.ops import bad_scale_values
+
     why = bad_scale_values(scale)
     if why is None:
         return True

@@ -28,7 +28,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from ternary import ops
 from ternary.vllm import loading
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
-from ternary.vllm_plugin import KERNEL_LOG_PREFIX
+from ternary.vllm import KERNEL_LOG_PREFIX
 
 PACK = 4  # 2-bit codes per byte along K
 KERNEL_LOG = KERNEL_LOG_PREFIX + "%s for %s"
@@ -89,9 +89,10 @@ def choose_kernel(layer: torch.nn.Module, group_size: int):
     """The kernel ternary.kernels' policy picks for this layer on its device (honours
     TERNARY_KERNEL; one error listing every kernel's reason when none fits)."""
     from ternary import kernels
+    from ternary.platform import detect_platform
 
     w = layer.weight
-    return kernels.choose(kernels.detect_platform(w.device), n=w.shape[0], k=w.shape[1] * PACK,
+    return kernels.choose(detect_platform(w.device), n=w.shape[0], k=w.shape[1] * PACK,
                           dtype=activation_dtype(layer), group_size=group_size, device=w.device)
 
 

@@ -16,7 +16,6 @@ import torch
 
 from ternary import ops
 from ternary.formats import bitnet
-from ternary.formats.module import bad_scale_values
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 
 # torch dtype -> safetensors dtype name, for the format readers' dtype rules
@@ -93,7 +92,7 @@ def online_to_canonical(dense: torch.Tensor, n: int, k: int, name: str
             f"{name}: K={k} inputs is not a multiple of 4; the canonical layout packs four "
             "codes per byte along K (add it to modules_to_not_convert)")
     codes, scale = bitnet.weight_quant(dense)
-    why = bad_scale_values(scale)
+    why = ops.bad_scale_values(scale)
     if why:
         raise TernaryConfigError(f"{name}: {why}")
     return ops.pack(codes), scale.expand(n).contiguous()
@@ -111,7 +110,7 @@ def per_channel_scale(loaded: torch.Tensor, n: int, spec: QuantSpec, name: str,
         raise TernaryConfigError(f"{name}: wrong dtype {loaded.dtype} {list(loaded.shape)} for a "
                                  f"{spec.format} scale; expected {' or '.join(allowed)}")
     s = loaded.to(torch.float32)
-    why = bad_scale_values(s)
+    why = ops.bad_scale_values(s)
     if why:
         raise TernaryConfigError(f"{name}: {why}")
     if spec.scale == "group":

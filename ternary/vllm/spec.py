@@ -1,6 +1,6 @@
 """What a checkpoint's `quantization_config` says, parsed and checked without vLLM.
 
-Two on-disk formats reach the same linear method (DESIGN.md, Formats):
+Two on-disk formats reach the same linear method (docs/formats.md):
 - "ternary" (canonical): uint8 [N, K/4] packed along K, scale per channel, tensor or group;
 - "bitnet" (transformers): uint8 [ceil(N/4), K] packed along N in four row blocks, one bf16
   scale per tensor that "bitlinear" divides by and "autobitlinear" multiplies by.

@@ -1,4 +1,4 @@
-"""The target matrix: every target of DESIGN.md's table, read with the standard library."""
+"""The target matrix: every target the project supports, read with the standard library."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from ternary._build import matrix
 
-# DESIGN.md's table, the contract targets.toml must keep.
+# The supported targets (README's table), the contract targets.toml must keep.
 DESIGN = {
     "a100": ("8.0", "12.1", "2.4.0", "vllm==0.6.2"),
     "rtx4090": ("8.9", "12.1", "2.4.0", "vllm==0.6.2"),

@@ -74,7 +74,7 @@ def test_gpu_smoke_runs_bf16_on_the_fused_kernel():
     from pathlib import Path
 
     cmd = pipeline.smoke_command(matrix.get("h200"), Path("py"), ["--formats", "ternary"])
-    assert cmd[:5] == ["py", "-P", "-m", "ternary.smoke", "--target"]
+    assert cmd[:6] == ["py", "-P", "-m", "ternary", "smoke", "--target"]
     assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
     assert cmd[cmd.index("--expect-kernel") + 1] == "fused"
     assert cmd[-2:] == ["--formats", "ternary"]  # the user's arguments last: they win

@@ -55,7 +55,7 @@ def test_validate_sizes_must_be_positive(tmp_path, capsys, flag):
 
 
 def test_validate_context_length_stays_within_the_model():
-    from ternary.validate import context_length
+    from ternary.tools.validate import context_length
 
     class Tok:
         def __call__(self, text):

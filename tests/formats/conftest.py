@@ -1,4 +1,4 @@
-"""Fixture `ref`: independent float64 reference decoders, written straight from DESIGN.md's
+"""Fixture `ref`: independent float64 reference decoders, written straight from docs/formats.md's
 layouts with plain loops over numpy arrays (no code shared with ternary.formats)."""
 
 from __future__ import annotations

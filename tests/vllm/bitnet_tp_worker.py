@@ -3,7 +3,7 @@ processes, so each engine runs in a fresh interpreter of its own).
 
     python bitnet_tp_worker.py engine MODEL_DIR TP OUT.json
         vLLM's LLM on MODEL_DIR (float32, enforce_eager, tensor parallel TP): greedy tokens
-        and the logits of each, 16 per prompt of ternary.validate.PROMPTS.
+        and the logits of each, 16 per prompt of ternary.tools.validate.PROMPTS.
     python bitnet_tp_worker.py layers RANK WORLD PORT OUT.json
         one tensor-parallel rank over gloo: BitNet's MLP (gate_up, relu2, ffn_sub_norm, down)
         and attention output path (attn_sub_norm, o_proj) built from the model's classes with
@@ -26,8 +26,8 @@ MAX_TOKENS = 16
 def engine(model_dir: str, tp: int, out: str) -> None:
     from transformers import AutoTokenizer
 
-    from ternary.smoke import cpu_env_defaults
-    from ternary.validate import PROMPTS, vllm_engine, vllm_generate
+    from ternary.tools.engine import cpu_env_defaults
+    from ternary.tools.validate import PROMPTS, vllm_engine, vllm_generate
 
     cpu_env_defaults(tp)
     tok = AutoTokenizer.from_pretrained(model_dir)

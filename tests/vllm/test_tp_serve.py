@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 
-from ternary import tiny
-from ternary.bench_serve import run_logged
-from ternary.smoke import free_port
+from ternary.tools.synthetic import tiny
+from ternary.tools.bench_serve import run_logged
+from ternary.tools.engine import free_port
 
 CASES = {
     # down_proj: K = 260 splits into 130 a rank, not whole packed bytes

@@ -118,7 +118,7 @@ ternary_ready() {
   (cd "$W" && "$VPY" -P -c "
 import importlib.metadata as m, ternary
 if '${REQUIRE_C:-1}' == '1': import torch, ternary._C  # _C links against torch's libraries
-assert any(e.value == 'ternary.vllm_plugin:register' for e in m.entry_points(group='vllm.general_plugins'))
+assert any(e.value == 'ternary.vllm.plugin:register' for e in m.entry_points(group='vllm.general_plugins'))
 " >/dev/null 2>&1)
 }
 
@@ -240,7 +240,7 @@ stage_vllm_tests() {
 stage_smoke() {
   need vllm ternary || { record smoke 1 0 "prerequisite missing (see above)"; return 1; }
   # smoke-h200 itself: the pipeline rebuilds the wheel (ninja finds the build stage's objects
-  # up to date), then ternary.smoke in bf16, failing unless every layer runs the fused kernel
+  # up to date), then ternary.tools.smoke in bf16, failing unless every layer runs the fused kernel
   run_step smoke 420 150 bash -c "cd '$REPO' && python3 -m ternary._build.pipeline smoke h200 \
     --host-torch --toolchain system -- --formats '$SMOKE_FORMATS' --keep '$W/smoke' \
     --health-timeout 240 --json > '$W/logs/smoke.stdout'"
@@ -326,7 +326,7 @@ stage_tp_smoke() {
   need vllm ternary || { record tp-smoke 1 0 "prerequisite missing (see above)"; return 1; }
   need_gpus tp-smoke || return 1
   rm -f "$W/results/tp-smoke.json" "$W/logs/tp-smoke.stdout"
-  run_step tp-smoke 420 150 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
+  run_step tp-smoke 420 150 bash -c "'$VPY' -P -m ternary smoke --target h200 $TP_SMOKE_ARGS \
     --tp $TP --formats ternary --keep '$W/tp-smoke' --health-timeout 300 \
     --json > '$W/logs/tp-smoke.stdout'"
   local rc=$?
@@ -343,7 +343,7 @@ stage_tp_smoke_big() {
     record tp-smoke-big 1 0 "no $model: run the models stage first"; return 1
   fi
   rm -f "$W/results/tp-smoke-big.json" "$W/logs/tp-smoke-big.stdout"
-  run_step tp-smoke-big 480 200 bash -c "'$VPY' -P -m ternary.smoke --target h200 $TP_SMOKE_ARGS \
+  run_step tp-smoke-big 480 200 bash -c "'$VPY' -P -m ternary smoke --target h200 $TP_SMOKE_ARGS \
     --tp $TP --model '$model' --keep '$W/tp-smoke-big' --health-timeout 420 \
     --json > '$W/logs/tp-smoke-big.stdout'"
   local rc=$?
@@ -363,7 +363,7 @@ stage_tp_bench() {
     --budget $(( l - 45 )) --timeout 300
 }
 
-# The fused kernel between NCCL all-reduces on $TP GPUs without vLLM (ternary.tp_kernels):
+# The fused kernel between NCCL all-reduces on $TP GPUs without vLLM (ternary.tools.tp_kernels):
 # each rank runs Llama-2-7B's per-rank layer pattern at M = 1 ... 16384 against float64,
 # queued as vLLM queues it, then with a sync after every op (which names the op a hang sits
 # in). Needs the wheel only, so it runs in the first call.
@@ -382,13 +382,13 @@ stage_tp_kernels() {
     t=$(step_seconds 150)
     # 32 layers: Llama-2-7B's depth, as many all-reduces as vLLM's profiling step
     # shellcheck disable=SC2046
-    run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary.tp_kernels --world "$TP" \
+    run_step "tp-kernels-$mode" 150 60 "$VPY" -P -m ternary tp-kernels --world "$TP" \
       --layers 32 --timeout $(( t - 20 )) --json "$W/results/tp-kernels-$mode.json" \
       $(case $mode in *sync) echo --sync ;; esac) $(case $mode in pynccl*) echo --comm pynccl ;; esac)
   done
 }
 
-# linear_fused launched over and over on every GPU at once (ternary.kernel_soak), variants
+# linear_fused launched over and over on every GPU at once (ternary.tools.kernel_soak), variants
 # SOAK_VARIANTS (default: sync after each launch; queued; nopersist; nopdl; cublas), SOAK_S
 # seconds each at SOAK_M tokens on Llama-2-7B's per-rank shapes at TP=SOAK_TP (2): a kernel
 # that does not finish is named by shape and count
@@ -396,7 +396,7 @@ stage_soak() {
   need ternary || { record soak 1 0 "prerequisite missing (see above)"; return 1; }
   local n vs=${SOAK_VARIANTS:-default,queued,nopersist,nopdl} s=${SOAK_S:-45}
   n=$(( $(tr -cd , <<< "$vs" | wc -c) + 1 ))
-  run_step soak $(( n * (s + 100) )) 30 "$VPY" -P -m ternary.kernel_soak --m "${SOAK_M:-16384}" \
+  run_step soak $(( n * (s + 100) )) 30 "$VPY" -P -m ternary kernel-soak --m "${SOAK_M:-16384}" \
     --tp "${SOAK_TP:-2}" --seconds "$s" --variants "$vs" --workdir "$W/soak" \
     --json "$W/results/soak.json"
 }

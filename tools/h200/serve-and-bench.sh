@@ -13,7 +13,7 @@
 #   doctor      ternary doctor --json (driver, torch, nvcc, GPU arch against ternary._C, kernel path)
 #   gpu-tests   pytest tests/test_ops_gpu.py tests/test_kernels.py alone (quicker than build)
 #   vllm-tests  pytest tests/vllm against the installed wheel and the packed vLLM
-#   smoke       ternary.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
+#   smoke       ternary.tools.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
 #   models      write the bench models (Llama-2-7B shape ternary, 2 GB; one-layer) ahead
 #   bench       ternary bench-serve: ternary vs bf16 (dummy) vs one-layer, batch 1/16/64
@@ -23,8 +23,8 @@
 #   tp-smoke      smoke-h200's requests to a TP=$TP server on the tiny model, against its reference
 #   tp-smoke-big  the same requests to bench-serve's llama2-7b-shape model at TP=$TP (answers only)
 #   tp-bench      bench-serve --tp 1,$TP: ternary and bf16 at each size (TP_BENCH_MODELS)
-#   soak          linear_fused launched over and over on every GPU (ternary.kernel_soak), variants
-#   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tp_kernels)
+#   soak          linear_fused launched over and over on every GPU (ternary.tools.kernel_soak), variants
+#   tp-kernels    the fused kernel between NCCL all-reduces on $TP GPUs, no vLLM (ternary.tools.tp_kernels)
 #   tp-hang       ternary at TP=$TP in the offline engine, variants TP_HANG_VARIANTS (default
 #                 uncapped nopdl nopersist blocking tokens8192 cublas nccl eager); stacks on timeout
 #

@@ -1,7 +1,7 @@
 """The deb provider: CUDA 12.4.131 from Debian's nvidia-cuda-toolkit package (NVIDIA's
 binaries, unpacked with dpkg-deb, never installed), completed with the hash-pinned
 -cu12 wheels of envs/toolchains/cuda-12.4.lock (ptxas, libnvvm, libdevice, headers,
-libcudart). The layout is the one shared/FINDINGS.md measured to work with torch."""
+libcudart). The layout is the one docs/build.md describes, which works with torch."""
 
 from __future__ import annotations
 

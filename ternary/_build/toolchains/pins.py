@@ -15,7 +15,7 @@ class DebPin:
     component: str
     arch: str
     size: int
-    sha256: str  # measured on the downloaded file (shared/FINDINGS.md), not from an index
+    sha256: str  # measured on the downloaded file (docs/build.md), not from an index
 
     @property
     def filename(self) -> str:

@@ -83,7 +83,7 @@ class UnservedBitNet(torch.nn.Module):
     the architecture by task instead); none of them is ever called."""
 
     def __init__(self, *args, **kwargs):
-        from ternary.vllm.register import vllm_version
+        from ternary.vllm.version import vllm_version
 
         version = vllm_version()
         raise refusal(version, unsupported_reason(version) or "its API is too old")

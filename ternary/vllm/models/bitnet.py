@@ -48,7 +48,7 @@ def _check_llama_api() -> None:
     if not hasattr(LlamaDecoderLayer, "get_quant_config"):
         missing.append("LlamaDecoderLayer.get_quant_config")
     if missing:
-        from ternary.vllm.register import vllm_version
+        from ternary.vllm.version import vllm_version
 
         raise refusal(vllm_version(), f"its Llama model has no {', '.join(missing)} to "
                                       f"build BitNet's layers with")

@@ -9,7 +9,7 @@ import torch
 
 from ternary import cli
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench"
+RESULTS = Path(__file__).resolve().parents[2] / "bench"
 
 
 def test_render_stored_results_with_gemlite(capsys):
@@ -108,7 +108,7 @@ def test_bad_window(value):
     (8.3, 0.0, 20, 20),     # no window
 ])
 def test_timed_replays_stop_at_the_window(replay_ms, window_ms, replays, expected):
-    from ternary.gemm_bench import replays_in_window
+    from ternary.tools.gemm_bench import replays_in_window
 
     assert replays_in_window(replay_ms, window_ms, replays) == expected
 
@@ -123,7 +123,7 @@ def test_timed_replays_stop_at_the_window(replay_ms, window_ms, replays, expecte
 ])
 def test_graphs_hold_fewer_copies_where_the_window_is_short(call_ms, window_ms, copies,
                                                             expected):
-    from ternary.gemm_bench import copies_in_window
+    from ternary.tools.gemm_bench import copies_in_window
 
     assert copies_in_window(call_ms, window_ms, copies) == expected
 

@@ -4,10 +4,6 @@ a model is built."""
 
 from __future__ import annotations
 
-# Starts the line ternary.vllm.linear logs for each layer shape; ternary.smoke reads it from
-# server logs (here, because the smoke must import it without vLLM).
-KERNEL_LOG_PREFIX = "ternary kernel: "
-
 
 def register() -> str:
     """Returns how it registered ("api", "dict" or "already"; `ternary doctor` shows it)."""

@@ -36,7 +36,7 @@ import torch
 
 SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
 # microsoft/bitnet-b1.58-2B-4T's layers as vLLM fuses them: qkv, o, gate_up, down
-# (ternary.bigmodel.SHAPES["bitnet-2b"])
+# (ternary.tools.synthetic.bigmodel.SHAPES["bitnet-2b"])
 BITNET_2B_SHAPES = ((2560, 3840), (2560, 2560), (2560, 13824), (6912, 2560))
 SHAPE_SETS = {"tracked": SHAPES, "bitnet-2b": BITNET_2B_SHAPES}
 M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)

@@ -1,4 +1,4 @@
-"""The smoke driver (ternary.smoke): its failure paths with stand-in processes (fast), and
+"""The smoke driver (ternary.tools.smoke): its failure paths with stand-in processes (fast), and
 the real thing against a vLLM OpenAI server (marker serve: `nox -s smoke-cpu`)."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import time
 
 import pytest
 
-from ternary import smoke
+from ternary import cli
+from ternary.tools import engine, smoke
 
 
 def _server(tmp_path, code: str) -> smoke.Server:
     pytest.importorskip("requests", reason="the smoke driver talks HTTP through requests")
-    port = smoke.free_port()
+    port = engine.free_port()
     return smoke.Server([sys.executable, "-c", code], port, tmp_path / "server.log")
 
 
@@ -44,26 +45,26 @@ def test_stop_reports_children_that_survive_sigterm(tmp_path):
             "time.sleep(120)\n")
     s = _server(tmp_path, code)
     deadline = time.monotonic() + 20
-    while not smoke.descendants(s.proc.pid) and time.monotonic() < deadline:
+    while not engine.descendants(s.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1)  # let the child install its handler
-    children = smoke.descendants(s.proc.pid)
+    children = engine.descendants(s.proc.pid)
     assert children
     ok, detail = s.stop(2, grace=1)
     assert not ok and "still alive" in detail and str(min(children)) in detail
     time.sleep(0.5)
-    assert not any(smoke.alive(p) for p in children)
+    assert not any(engine.alive(p) for p in children)
 
 
 def test_unknown_format_is_refused(capsys):
-    assert smoke.main(["--formats", "ternary,gguf"]) == 2
+    assert cli.main(["smoke", "--formats", "ternary,gguf"]) == 2
     assert "unknown ['gguf']" in capsys.readouterr().err
 
 
 @pytest.mark.serve
 def test_smoke_cpu(tmp_path, capsys):
     pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
-    rc = smoke.main(["--target", "cpu", "--json", "--keep", str(tmp_path)])
+    rc = cli.main(["smoke", "--target", "cpu", "--json", "--keep", str(tmp_path)])
     report = json.loads(capsys.readouterr().out)
     failed = [(r["format"], c) for r in report["runs"] for c in r["checks"] if not c["ok"]]
     assert rc == 0 and report["ok"], failed
@@ -97,7 +98,7 @@ def test_compare_below_float32_accepts_near_ties_only():
 
 
 def test_kernel_check_reads_the_plugins_log_lines(tmp_path):
-    from ternary.vllm_plugin import KERNEL_LOG_PREFIX
+    from ternary.vllm import KERNEL_LOG_PREFIX
 
     log = tmp_path / "server.log"
     fused = f"INFO 11-29 10:00:00 [linear.py:40] {KERNEL_LOG_PREFIX}fused (dequantize + cuBLAS above M=64) for n=384 k=128\n"
@@ -118,9 +119,9 @@ def test_server_command_passes_dtype_and_safe_path(tmp_path, monkeypatch):
     assert ("-P" in cmd) == bool(sys.flags.safe_path)
 
 
-def test_negative_tolerance_is_refused():
-    with pytest.raises(SystemExit):
-        smoke.main(["--dtype", "bfloat16", "--logit-tol", "-1"])
+def test_negative_tolerance_is_refused(capsys):
+    assert cli.main(["smoke", "--dtype", "bfloat16", "--logit-tol", "-1"]) == 2
+    assert "--logit-tol must be >= 0" in capsys.readouterr().err
 
 
 def test_server_command_passes_tensor_parallel_only_above_one(tmp_path):
@@ -130,7 +131,7 @@ def test_server_command_passes_tensor_parallel_only_above_one(tmp_path):
 
 
 def _answers_only(tmp_path):
-    from ternary import bigmodel
+    from ternary.tools.synthetic import bigmodel
 
     dims = bigmodel.shape("tiny")
     d = bigmodel.write_dense_config(tmp_path / "m", dims)
@@ -166,15 +167,13 @@ def test_answers_only_checks_count_vocabulary_and_decoding(tmp_path):
     (["--model", "/nonexistent"], "no config.json there"),
 ])
 def test_smoke_refuses_bad_tp_and_model(args, match, capsys):
-    with pytest.raises(SystemExit):
-        smoke.main(args)
+    assert cli.main(["smoke", *args]) == 2
     assert match in capsys.readouterr().err
 
 
 def test_smoke_refuses_more_ranks_than_gpus(monkeypatch, capsys):
-    from ternary import bench_serve
+    from ternary.tools import engine
 
-    monkeypatch.setattr(bench_serve, "gpus_available", lambda: 1)
-    with pytest.raises(SystemExit):
-        smoke.main(["--tp", "2"])
+    monkeypatch.setattr(engine, "gpus_available", lambda: 1)
+    assert cli.main(["smoke", "--tp", "2"]) == 2
     assert "--tp 2: tensor parallel 2 needs 2 GPUs and torch sees 1 here" in capsys.readouterr().err

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from ternary import settings
+from ternary.platform import major_minor, arch_covers, is_wsl
 from typing import Callable
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -119,7 +120,7 @@ def probe_host_compiler() -> tuple[str, int] | None:
 
 def probe_vllm() -> str | None:
     try:
-        from ternary.vllm.register import vllm_version
+        from ternary.vllm.version import vllm_version
 
         return vllm_version()
     except Exception:  # noqa: BLE001 - no vLLM (or no ternary.vllm): reported as absent
@@ -128,9 +129,9 @@ def probe_vllm() -> str | None:
 
 def probe_plugin() -> str:
     """How the vLLM plugin registered ("api", "dict", "already"); raises why it did not."""
-    from ternary import vllm_plugin
+    from ternary.vllm import plugin
 
-    how = vllm_plugin.register()
+    how = plugin.register()
     return how if isinstance(how, str) else "registered"
 
 
@@ -168,10 +169,7 @@ def activation_quantizer(cuda: bool) -> str:
 
 
 def probe_wsl() -> bool:
-    try:
-        return "microsoft" in Path("/proc/version").read_text().lower()
-    except OSError:
-        return False
+    return is_wsl()
 
 
 @dataclasses.dataclass
@@ -192,24 +190,6 @@ class Probes:
 
 # ---------------------------------------------------------------------------- checks ----
 
-def _mm(v: str) -> tuple[int, int]:
-    a, b = (v.split(".") + ["0"])[:2]
-    return int(a), int(re.match(r"\d+", b).group())  # type: ignore[union-attr]
-
-
-def arch_covers(compiled: str, device: str) -> bool:
-    """SASS for `compiled` runs on a GPU of capability `device`: same major and a minor not
-    above it; an arch-specific build (9.0a) only on exactly that GPU; PTX (8.0+PTX) on that
-    capability or any later one, compiled by the driver."""
-    c_major, c_minor = _mm(compiled)
-    d_major, d_minor = _mm(device)
-    if compiled.endswith("+PTX"):
-        return (d_major, d_minor) >= (c_major, c_minor)
-    if compiled.endswith("a"):
-        return (c_major, c_minor) == (d_major, d_minor)
-    return c_major == d_major and c_minor <= d_minor
-
-
 def _targets_for(cap: str) -> list[str]:
     from ternary._build import matrix
 
@@ -226,7 +206,7 @@ def check_driver(p: Probes, torch_info: dict | None) -> Check:
     detail = f"driver {d['driver']}, supports CUDA {d['cuda']}, {len(d['gpus'])} GPU(s)"
     t_cuda = (torch_info or {}).get("cuda")
     if d["cuda"] and t_cuda:
-        (dm, dn), (tm, tn) = _mm(d["cuda"]), _mm(t_cuda)
+        (dm, dn), (tm, tn) = major_minor(d["cuda"]), major_minor(t_cuda)
         if dm < tm:
             return Check("driver", FAIL, f"{detail}; torch needs CUDA {t_cuda}",
                          f"update the NVIDIA driver to one supporting CUDA {tm}.x")
@@ -273,7 +253,7 @@ def check_nvcc(p: Probes, torch_info: dict | None) -> Check:
     t_cuda = (torch_info or {}).get("cuda")
     if not t_cuda:
         return Check("nvcc", OK, f"nvcc {ver} at {home} (torch is a CPU build)")
-    (nm, nn), (tm, tn) = _mm(ver), _mm(t_cuda)
+    (nm, nn), (tm, tn) = major_minor(ver), major_minor(t_cuda)
     if nm != tm:
         return Check("nvcc", FAIL, f"nvcc {ver} at {home}, torch built with CUDA {t_cuda}",
                      f"set CUDA_HOME to a CUDA {tm}.x toolkit (-- --toolchain deb gives 12.4, "
@@ -354,7 +334,7 @@ def check_host_compiler(p: Probes, nvcc_ver: str | None) -> Check:
     if nvcc_ver:
         from ternary._build import matrix
 
-        cuda = matrix.cuda_versions().get("%d.%d" % _mm(nvcc_ver))
+        cuda = matrix.cuda_versions().get("%d.%d" % major_minor(nvcc_ver))
         if cuda and major > cuda.max_gcc:
             return Check("host compiler", FAIL, f"{path} is gcc {major}; CUDA {cuda.version} "
                          f"accepts at most gcc {cuda.max_gcc}",
@@ -373,7 +353,7 @@ def check_vllm(p: Probes) -> list[Check]:
     except ImportError as e:
         # the plugin imports vLLM's modules: a package missing under vLLM is vLLM's problem
         ours = (e.name or "").split(".")[0] in ("ternary", "")
-        out.append(Check("vllm plugin", WARN, f"ternary.vllm_plugin not importable: {e}",
+        out.append(Check("vllm plugin", WARN, f"ternary.vllm.plugin not importable: {e}",
                          "reinstall vllm-ternary (the plugin ships with it)" if ours else
                          f"vLLM {version} cannot import {e.name}: install the target's locked "
                          "environment (nox -s build-<target> uses it), which pins vLLM's "

@@ -1,4 +1,4 @@
-"""ternary.kernel_soak: its refusals and its watchdog (CPU), and the large-M kernel launched
+"""ternary.tools.kernel_soak: its refusals and its watchdog (CPU), and the large-M kernel launched
 tens of thousands of times without a hang (gpu, slow: the persistent wgmma_big kernel hung
 about once in 10,000 launches at M = 16384, K = 5504 before its fix)."""
 
@@ -9,11 +9,12 @@ import sys
 import pytest
 import torch
 
-from ternary import kernel_soak
+from ternary import cli
+from ternary.tools import kernel_soak
 
 
 def test_unknown_variant_is_named(capsys):
-    assert kernel_soak.main(["--variants", "default,bogus"]) == 2
+    assert cli.main(["kernel-soak", "--variants", "default,bogus"]) == 2
     err = capsys.readouterr().err
     assert "unknown ['bogus']" in err and "nopersist" in err
 
@@ -24,18 +25,18 @@ def test_run_variant_refuses_an_unknown_variant(tmp_path):
 
 
 def test_tensor_parallel_that_does_not_split_llama_is_named(capsys):
-    assert kernel_soak.main(["--tp", "3"]) == 2
+    assert cli.main(["kernel-soak", "--tp", "3"]) == 2
     assert "--tp 3: tensor parallel 3 does not divide" in capsys.readouterr().err
 
 
 def test_bad_token_count_is_named(capsys):
-    assert kernel_soak.main(["--m", "0"]) == 2
+    assert cli.main(["kernel-soak", "--m", "0"]) == 2
     assert "--m 0" in capsys.readouterr().err
 
 
 def test_gpu_index_past_the_machine_is_named(capsys):
     count = torch.cuda.device_count()
-    assert kernel_soak.main(["--gpus", str(count)]) == 2
+    assert cli.main(["kernel-soak", "--gpus", str(count)]) == 2
     assert f"shows {count} CUDA GPU(s)" in capsys.readouterr().err
 
 

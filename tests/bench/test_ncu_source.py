@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSV = ROOT / "tests/data/ncu-wgmma-big-source-h200.csv.gz"
 spec = importlib.util.spec_from_file_location("ncu_source", ROOT / "bench/ncu_source.py")
 ncu_source = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "tests/data/burst-h200.json.gz"
 spec = importlib.util.spec_from_file_location("burst_trace", ROOT / "bench/burst_trace.py")
 burst_trace = importlib.util.module_from_spec(spec)

@@ -252,32 +252,20 @@ def reference_logits(model, ids: list[int], generated: list[int]) -> torch.Tenso
 # vLLM
 
 
-def cpu_slices(ranks: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND value: the allowed CPUs cut into `ranks` contiguous
-    slices ("0-3|4-7"); ranks share CPUs when there are fewer CPUs than ranks."""
-    cpus = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cpus) // ranks)
-    out = []
-    for r in range(ranks):
-        part = cpus[(r * per) % len(cpus):][:per]
-        out.append(f"{part[0]}-{part[-1]}" if len(part) > 1 else str(part[0]))
-    return "|".join(out)
-
-
 def vllm_engine(model_dir: Path, dtype: str, vocab: int, tp: int = 1, max_len: int = 256):
     if tp == 1:  # the engine in this process, so the layer hooks can reach the model
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     else:
-        from ternary.smoke import cpu_env_defaults
+        from ternary.tools.engine import cpu_env_defaults
 
         cpu_env_defaults(tp)
     from vllm import LLM
 
     from ternary.vllm.models import check_vllm
-    from ternary.vllm.register import vllm_version
+    from ternary.vllm.version import vllm_version
 
     # (before vLLM reads the config: 0.6.x's transformers does not know model_type bitnet)
-    check_vllm(json.loads((model_dir / "config.json").read_text()).get("model_type"),
+    check_vllm(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type"),
                vllm_version())
     kwargs = {"model": str(model_dir), "dtype": dtype, "enforce_eager": True, "seed": 0,
               "max_model_len": max_len, "max_logprobs": vocab, "tensor_parallel_size": tp}

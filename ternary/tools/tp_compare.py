@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ternary import validate as v
+from ternary.tools import validate as v
 
 
 class TPCompareError(RuntimeError):
@@ -88,7 +88,7 @@ def engine_worker(spec: dict) -> None:
     import time
 
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults()
     from ternary.vllm.register import register
@@ -115,9 +115,9 @@ def run_engine(model_dir: Path, dtype: str, tp: int, prompt_ids: list[list[int]]
     spec_path.write_text(json.dumps({
         "model_dir": str(model_dir), "dtype": dtype, "tp": tp, "prompt_ids": prompt_ids,
         "max_tokens": max_tokens, "vocab": vocab, "max_len": max_len, "out": str(out_path)}))
-    cmd = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m", "ternary.tp_compare",
+    cmd = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m", "ternary.tools.tp_compare",
            "--worker", str(spec_path)]
-    from ternary.bench_serve import run_logged
+    from ternary.tools.bench_serve import run_logged
 
     rc = run_logged(cmd, log_path, timeout)
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])

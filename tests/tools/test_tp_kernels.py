@@ -1,4 +1,4 @@
-"""ternary.tp_kernels: the fused kernel between NCCL all-reduces on two GPUs, each rank's
+"""ternary.tools.tp_kernels: the fused kernel between NCCL all-reduces on two GPUs, each rank's
 layer outputs against float64 (gpu), and its refusal where the GPUs are missing (CPU)."""
 
 from __future__ import annotations
@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ternary import tp_kernels
+from ternary import cli
+from ternary.tools import tp_kernels
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has 2 GPUs")
 def test_refuses_without_enough_gpus(capsys):
-    assert tp_kernels.main(["--world", "2", "--m", "1"]) == 2
+    assert cli.main(["tp-kernels", "--world", "2", "--m", "1"]) == 2
     err = capsys.readouterr().err
     assert "--world 2 needs 2 GPUs" in err and f"has {torch.cuda.device_count()}" in err
 
@@ -41,7 +42,7 @@ def test_rank_logic_on_the_reference_ops_over_gloo(tmp_path):
 
 
 def test_bad_token_counts_are_named(capsys):
-    assert tp_kernels.main(["--m", "1,x"]) == 2
+    assert cli.main(["tp-kernels", "--m", "1,x"]) == 2
     assert "invalid literal" in capsys.readouterr().err
 
 

@@ -5,7 +5,7 @@ calls, at decode, prefill and profiling-run token counts. Each rank checks its l
 against float64 before and after the all-reduce, and writes a progress line before every op,
 so a run that stops names the op and the token count where each rank stopped.
 
-    python -m ternary.tp_kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync]
+    ternary tp-kernels [--world 2] [--m 1,16,128,2048,8192,16384] [--sync]
                                  [--comm c10d|pynccl] [--device cuda|cpu] [--json F]
 
 --comm pynccl sums through vLLM's PyNcclCommunicator, on the compute stream as vLLM's
@@ -237,9 +237,7 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
             "seconds": round(time.time() - start, 1), "ranks": ranks}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ternary.tp_kernels", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="token counts")
     p.add_argument("--layers", type=int, default=2)
@@ -251,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--seed", type=int)
     p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
+
+
+def run_cli(args) -> int:
     try:
         ms = [int(v) for v in args.m.split(",") if v.strip()]
         report = run(args.world, ms, args.layers, args.sync, args.timeout, seed=args.seed,
@@ -277,6 +277,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["ok"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

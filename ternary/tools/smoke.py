@@ -1,7 +1,7 @@
 """The serving smoke test: a real vLLM OpenAI server on a tiny ternary model, queried over
 HTTP and compared with the transformers reference, then stopped.
 
-    python -m ternary.smoke --target cpu [--json] [--keep DIR]
+    ternary smoke --target cpu [--json] [--keep DIR]
 
 For each checkpoint format (ternary through `ternary serve`, bitnet through vLLM's own
 `python -m vllm.entrypoints.openai.api_server` and the plugin entry point alone):
@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ternary.tools.engine import alive, cpu_env_defaults, descendants, free_port, too_few_gpus
+
 HEALTH_TIMEOUT_S = 600  # first start on a busy 2-core machine compiles for a while
 REQUEST_TIMEOUT_S = 120
 CONCURRENT = 16
@@ -42,72 +44,6 @@ PROMPTS = ["The quick brown fox", "Hello, world! How are you", "A ternary weight
 
 class SmokeError(RuntimeError):
     pass
-
-
-def cpu_env_defaults(tp: int = 1) -> None:
-    """vLLM's CPU backend settings this project needs (FINDINGS.md), unless already set:
-    a 1 GiB KV cache instead of 90 % of RAM, loopback for its own sockets, no hub lookups;
-    with tensor parallel ranks, each its own slice of the CPUs (vLLM binds one NUMA node
-    per rank otherwise, and refuses a one-node machine)."""
-    if not _cpu_platform():
-        return
-    for k, v in (("VLLM_CPU_KVCACHE_SPACE", "1"), ("VLLM_HOST_IP", "127.0.0.1"),
-                 ("HF_HUB_OFFLINE", "1"), ("VLLM_TARGET_DEVICE", "cpu")):
-        os.environ.setdefault(k, v)
-    if tp > 1:
-        from ternary.validate import cpu_slices
-
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_slices(tp))
-
-
-def _cpu_platform() -> bool:
-    import importlib.metadata
-
-    try:
-        importlib.metadata.version("vllm-cpu")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        import torch
-
-        return not torch.cuda.is_available()
-    except ImportError:
-        return True
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @dataclasses.dataclass
@@ -127,7 +63,7 @@ class ServerRun:
     log: str = ""
     tp: int = 1
     model: str = ""  # the model directory served
-    reference: str = "float32 transformers"  # ternary.validate.reference_kind, or "none (answers only)"
+    reference: str = "float32 transformers"  # ternary.tools.validate.reference_kind, or "none (answers only)"
 
     @property
     def ok(self) -> bool:
@@ -227,7 +163,7 @@ class Reference(_Tokenizing):
         import torch
         from transformers import AutoTokenizer
 
-        from ternary import validate
+        from ternary.tools import validate
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.model = validate.reference_model(model_dir, torch.float32)
@@ -243,7 +179,7 @@ class Reference(_Tokenizing):
 
     def margins(self, prompt: list[int], got: list[int]) -> list[float]:
         """For each token the server chose: the reference's best logit minus that token's."""
-        from ternary import validate
+        from ternary.tools import validate
 
         logits = validate.reference_logits(self.model, list(prompt), list(got))
         best = logits.max(dim=-1).values
@@ -403,7 +339,7 @@ def run_checks(server: Server, ref: Reference, run: ServerRun) -> None:
 
 def kernel_lines(log_text: str) -> list[str]:
     """The plugin's 'ternary kernel: NAME ... for SHAPE' lines in a server log."""
-    from ternary.vllm_plugin import KERNEL_LOG_PREFIX
+    from ternary.vllm import KERNEL_LOG_PREFIX
 
     return [ln.split(KERNEL_LOG_PREFIX, 1)[1].strip() for ln in log_text.splitlines()
             if KERNEL_LOG_PREFIX in ln]
@@ -419,7 +355,7 @@ def check_kernel(log_path: Path, expect: str) -> tuple[bool, str]:
     return True, f"{len(lines)} layer shapes on {expect}: {'; '.join(lines)}"
 
 
-# The make-tiny models smoke serves (ternary.tiny.make arguments) and how each is launched:
+# The make-tiny models smoke serves (ternary.tools.synthetic.tiny.make arguments) and how each is launched:
 # canonical through `ternary serve`, the bitnet ones through vLLM's own server with the plugin
 # entry point alone. "bitnet-arch" is BitNetForCausalLM in microsoft/bitnet-b1.58-2B-4T's
 # layout; the other two are Llama.
@@ -434,7 +370,7 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
               model_dir: Path | None = None) -> ServerRun:
     """One server on make-tiny's `fmt` model, compared with its reference; or on
     `model_dir` (a model with no reference: AnswersOnly)."""
-    from ternary import tiny
+    from ternary.tools.synthetic import tiny
 
     if model_dir is None:
         model_dir = work / f"tiny-{fmt}"
@@ -448,7 +384,7 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
     log = work / f"server-{tag}.log"
     port = free_port()
     server = Server(server_command(model_dir, launcher, port, dtype, tp), port, log)
-    from ternary.validate import reference_kind
+    from ternary.tools.validate import reference_kind
 
     run = ServerRun(fmt, launcher, server.port, log=str(log), tp=tp, model=str(model_dir),
                     reference="none (answers only)" if isinstance(ref, AnswersOnly)
@@ -479,8 +415,7 @@ def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ternary.smoke", description=__doc__.split("\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--target", default="cpu", help="target of envs/targets.toml (for the report)")
     p.add_argument("--formats", default=",".join(TINY_MODELS),
                    help=f"comma-separated make-tiny models, from {list(TINY_MODELS)} "
@@ -502,20 +437,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve this canonical ternary model instead of make-tiny's (e.g. a "
                         "bench-serve model); with no reference, a request passes when it is "
                         "answered in full")
-    args = p.parse_args(argv)
-    if args.tp < 1:
-        p.error(f"--tp must be >= 1, not {args.tp}")
-    if args.model is not None and not (args.model / "config.json").is_file():
-        p.error(f"--model {args.model}: no config.json there; pass a model directory "
-                f"(bench-serve --prepare-only --work DIR writes one)")
-    from ternary.bench_serve import too_few_gpus
 
+
+def _refuse(why: str) -> int:
+    print(f"ternary smoke: error: {why}", file=sys.stderr)
+    return 2
+
+
+def run_cli(args) -> int:
+    if args.tp < 1:
+        return _refuse(f"--tp must be >= 1, not {args.tp}")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        return _refuse(f"--model {args.model}: no config.json there; pass a model directory "
+                f"(bench-serve --prepare-only --work DIR writes one)")
     why = too_few_gpus(args.tp)
     if why:
-        p.error(f"--tp {args.tp}: {why}")
+        return _refuse(f"--tp {args.tp}: {why}")
     tol = DEFAULT_TOL[args.dtype] if args.logit_tol is None else args.logit_tol
     if tol < 0:
-        p.error(f"--logit-tol must be >= 0, not {tol}")
+        return _refuse(f"--logit-tol must be >= 0, not {tol}")
     from rich.console import Console
     from rich.table import Table
 
@@ -557,6 +497,3 @@ def main(argv: list[str] | None = None) -> int:
                         f"{time.monotonic() - t0:.0f} s; server logs in {work}")
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

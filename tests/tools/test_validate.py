@@ -1,4 +1,4 @@
-"""ternary.validate without vLLM: which reference a checkpoint gets (transformers' own bitnet
+"""ternary.tools.validate without vLLM: which reference a checkpoint gets (transformers' own bitnet
 layers for int8 activations), and the verdict's rules."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ternary import validate as v
+from ternary.tools import validate as v
 from ternary.formats import testing as T
 
 pytest.importorskip("transformers")

@@ -2,8 +2,7 @@
 through the plugin, against the same shape dense in bf16, and one-layer models of the same
 width, at several batch sizes.
 
-Measured with vLLM's offline API (`vllm.LLM`), the engine that the serving anchors of
-DESIGN.md were measured with: it times the engine (scheduler, model, sampler) without the
+Measured with vLLM's offline API (`vllm.LLM`): it times the engine (scheduler, model, sampler) without the
 HTTP server and client in the way, and it starts in about a third of the server's time on the
 H200, so four engines fit in one device call. Each model runs in its own process (vLLM frees
 GPU memory reliably only at exit) under a hard time limit, with its log kept.
@@ -38,7 +37,7 @@ import time
 from pathlib import Path
 
 # name -> (kind, layers override); kind "ternary" is a canonical checkpoint written by
-# ternary.bigmodel, "bf16" a config-only directory served with load_format="dummy".
+# ternary.tools.synthetic.bigmodel, "bf16" a config-only directory served with load_format="dummy".
 MODELS: dict[str, tuple[str, int | None]] = {
     "ternary": ("ternary", None),
     # the same weights with int8 activations per token (W1.58A8, as BitNet models compute);
@@ -92,24 +91,6 @@ def parse_tps(text: str) -> list[int]:
         raise BenchError(f"--tp {text!r}: give tensor-parallel sizes as positive integers, "
                          f"comma-separated (e.g. 1,2)")
     return list(dict.fromkeys(tps))
-
-
-def gpus_available() -> int | None:
-    """CUDA GPUs torch sees, or None where there are none (vLLM's CPU backend runs tensor
-    parallel ranks as processes on the CPU)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
-
-
-def too_few_gpus(tp: int) -> str | None:
-    """Why tensor parallel `tp` cannot run here (fewer CUDA GPUs than ranks), or None;
-    bench-serve, smoke and validate refuse with it before starting an engine."""
-    gpus = gpus_available()
-    if gpus is None or tp <= gpus:
-        return None
-    return (f"tensor parallel {tp} needs {tp} GPUs and torch sees {gpus} here "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
 
 
 def loading_gib(log: str) -> float | None:
@@ -170,7 +151,7 @@ def run_label(name: str, tp: int) -> str:
 def prepare_models(work: Path, shape_name: str, names: list[str], seed: int = 0,
                    say=print) -> dict[str, tuple[Path, str, int]]:
     """name -> (model dir, load_format, layers); writes what is missing."""
-    from ternary import bigmodel
+    from ternary.tools.synthetic import bigmodel
 
     out = {}
     for name in names:
@@ -260,7 +241,7 @@ def worker(spec: dict) -> dict:
     # every model failed ("Cannot re-initialize CUDA in forked subprocess"); this module is
     # spawn-safe (the worker runs under `if __name__ == "__main__"`)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    from ternary.smoke import cpu_env_defaults
+    from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults(spec.get("tp", 1))
     from ternary.vllm.register import register
@@ -288,14 +269,14 @@ def worker(spec: dict) -> dict:
                     "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                     "torch": torch.__version__}
     try:
-        from ternary.vllm.register import vllm_version
+        from ternary.vllm.version import vllm_version
 
         result["vllm"] = vllm_version()
         # by its module's name: run as `python -m`, this module is __main__, which the
         # engine's processes cannot unpickle
         import importlib
 
-        facts = llm.apply_model(importlib.import_module("ternary.bench_serve").model_facts)
+        facts = llm.apply_model(importlib.import_module("ternary.tools.bench_serve").model_facts)
         # one entry per rank: the largest shard is what one GPU must hold
         result["facts"] = {"bytes": max(f["bytes"] for f in facts), "ranks": len(facts),
                            "kernels": facts[0]["kernels"]}
@@ -486,7 +467,7 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
     spec_path.write_text(json.dumps({**spec, "model_dir": str(model_dir),
                                      "load_format": load_format, "eager": eager,
                                      "result": str(out_path)}, indent=2))
-    cmd = [*(command or [sys.executable, "-m", "ternary.bench_serve", "--worker"]), str(spec_path)]
+    cmd = [*(command or [sys.executable, "-m", "ternary.tools.bench_serve", "--worker"]), str(spec_path)]
     run.log = str(log_path)
     t = time.monotonic()
     rc = run_logged(cmd, log_path, timeout)
@@ -660,15 +641,18 @@ def summary_lines(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m ternary.tools.bench_serve --worker SPEC`: one model's engine, in a process of
+    its own (run_model starts it; vLLM frees GPU memory reliably only at exit). Users run
+    `ternary bench-serve`."""
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "--worker":
-        spec = json.loads(Path(argv[1]).read_text())
-        result = worker(spec)
-        Path(spec["result"]).write_text(json.dumps(result, indent=2))
-        return 0
-    from ternary.cli import main as cli
-
-    return cli(["bench-serve", *argv])
+    if len(argv) != 2 or argv[0] != "--worker":
+        print("usage: ternary bench-serve ... (this module's --worker SPEC is internal)",
+              file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[1]).read_text())
+    result = worker(spec)
+    Path(spec["result"]).write_text(json.dumps(result, indent=2))
+    return 0
 
 
 if __name__ == "__main__":  # spawn-safe: vLLM's engine processes re-import this module

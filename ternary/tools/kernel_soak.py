@@ -2,11 +2,11 @@
 the time is up: a hang that comes once in a few hundred launches shows up here, named by
 shape, launch count and whether the host had queued the kernel or was still launching it.
 
-    python -m ternary.kernel_soak [--m 16384] [--tp 2] [--seconds 60] [--gpus 0,1]
+    ternary kernel-soak [--m 16384] [--tp 2] [--seconds 60] [--gpus 0,1]
                                   [--variants default,nopersist,nopdl,queued] [--json F]
 
 Each variant runs in fresh processes (the C++ switches are read once a process), all GPUs at
-once, Llama-2-7B's per-rank shapes at tensor parallel --tp in turn (ternary.tp_kernels). `sync`
+once, Llama-2-7B's per-rank shapes at tensor parallel --tp in turn (ternary.tools.tp_kernels). `sync`
 variants synchronize after every launch (as tp_kernels --sync, where a kernel hang shows
 without vLLM); `queued` ones every 16. A process that passes its time
 plus --grace is stopped; its last progress line, nvidia-smi's utilization of its GPU and its
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from ternary.tp_kernels import TOL, llama7b_shapes
+from ternary.tools.tp_kernels import TOL, llama7b_shapes
 
 # name -> (environment, synchronize after every launch)
 VARIANTS = {
@@ -95,7 +95,7 @@ def _child(args) -> int:
 
 def _child_command(base: Path, m: int, seconds: float, grace: float, seed: int,
                    sync: bool, tp: int = 2) -> list[str]:
-    cmd = [sys.executable, "-m", "ternary.kernel_soak", "--child", "--m", str(m),
+    cmd = [sys.executable, "-m", "ternary", "kernel-soak", "--child", "--m", str(m),
            "--tp", str(tp), "--seconds", str(seconds), "--grace", str(grace), "--seed", str(seed),
            "--progress", str(base.with_suffix(".progress")),
            "--stack", str(base.with_suffix(".stack"))]
@@ -160,9 +160,7 @@ def run_variant(name: str, gpus: list[int], m: int, seconds: float, grace: float
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ternary.kernel_soak", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p) -> None:
     p.add_argument("--m", type=int, default=16384, help="token count (rows of x)")
     p.add_argument("--tp", type=int, default=2,
                    help="Llama-2-7B's per-rank shapes at this tensor parallel size (1, 2, 4)")
@@ -179,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--progress", help=argparse.SUPPRESS)
     p.add_argument("--stack", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def run_cli(args) -> int:
     if args.child:
         return _child(args)
     import tempfile
@@ -248,6 +248,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if all(r["ok"] for r in rows) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
