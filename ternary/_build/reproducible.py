@@ -215,10 +215,16 @@ def render(result: dict, title: str) -> None:
     header = [f"{title}: {verdict}",
               f"  first   {result['sha256'][0]}  {result['first']}",
               f"  second  {result['sha256'][1]}  {result['second']}"]
+    runs = [(str(k + 1), r["checkout"], f"umask {r['umask']}, TZ={r['TZ']}, USER={r['USER']}, "
+             f"LC_ALL={r['LC_ALL']}\nTMPDIR={r['tmpdir']}\nvenvs {r['venvs']}\n"
+             f"toolchains {r['toolchain_cache']}", r["started"], f"{r['seconds']} s",
+             r["wheel_sha256"]) for k, r in enumerate(result.get("runs", []))]
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
+        for n, where, how, started, seconds, sha in runs:
+            print(f"build {n}: {where}\n  {how}\n  started {started}, {seconds}\n  sha256 {sha}")
         print("\n".join(header))
         for member, kind, detail, a, b in rows:
             print(f"  {member}  [{kind}]  {detail}")
@@ -226,7 +232,13 @@ def render(result: dict, title: str) -> None:
                 print(f"      first:  {a}\n      second: {b}")
         return
     console = Console(width=max(Console().width, 160))
-    console.print("\n".join(header), highlight=False)
+    if runs:
+        table = Table("build", "checkout", "environment", "started", "took", "wheel sha256",
+                      show_lines=True)
+        for row in runs:
+            table.add_row(*row)
+        console.print(table, highlight=False, markup=False)
+    console.print("\n".join(header), highlight=False, markup=False)
     if rows:
         table = Table(show_lines=True)
         table.add_column("member", no_wrap=True)
@@ -235,3 +247,106 @@ def render(result: dict, title: str) -> None:
         for member, kind, detail, a, b in rows:
             table.add_row(member, kind, detail + (f"\n{a}\n{b}" if a or b else ""))
         console.print(table, highlight=False, markup=False)
+
+
+# --- two builds of one commit -------------------------------------------------------------
+
+# How the two builds differ, besides their checkout paths (the second one long and nested).
+# The second also builds its own environment and reads a copy of the toolchain cache at
+# another path; both start without SOURCE_DATE_EPOCH, so each takes it from the commit.
+VARIANTS = (
+    {"dir": "1", "umask": 0o022, "env": {"TZ": "UTC", "USER": "builder", "LOGNAME": "builder",
+                                          "LC_ALL": "C.UTF-8"}},
+    {"dir": "second-checkout/with/a/much/longer/path/than/the/first/vllm-ternary", "umask": 0o077,
+     "env": {"TZ": "XST-14", "USER": "someone-else", "LOGNAME": "someone-else", "LC_ALL": "C"}},
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ReproError(f"`git {' '.join(args)}` in {repo} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def checkout(repo: Path, commit: str, dest: Path) -> None:
+    """A fresh clone of repo at commit in dest (objects shared, nothing copied)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _git(dest.parent, "clone", "--quiet", "--shared", "--no-checkout", str(repo), str(dest))
+    _git(dest, "checkout", "--quiet", "--detach", commit)
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("TERNARY_CACHE")
+    return Path(base) if base else Path.home() / ".cache" / "vllm-ternary"
+
+
+def reproduce(repo: Path, target: str, build_args: list[str], workdir: Path, *,
+              keep: bool = False, log=print) -> dict:
+    """Build target twice from fresh clones of repo's HEAD, with different paths, umasks,
+    time zones, users, TMPDIRs, environments and toolchain-cache paths; compare the wheels."""
+    import json
+    import shutil
+    import sys
+
+    commit = _git(repo, "rev-parse", "HEAD")
+    dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    workdir = workdir.resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    out_dir = repo / "dist" / f"reproduce-{target}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    runs = []
+    try:
+        for i, variant in enumerate(VARIANTS):
+            clone = workdir / variant["dir"]
+            checkout(repo, commit, clone)
+            tmp = workdir / f"tmp-{i + 1}" / ("x" * 20 * i)
+            tmp.mkdir(parents=True)
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("SOURCE_DATE_EPOCH", "TERNARY_REPO", "TERNARY_VENVS")}
+            env.update(variant["env"], TMPDIR=str(tmp))
+            if i == 0:
+                # The first reuses the invoking checkout's environments (fast when synced).
+                env["TERNARY_VENVS"] = os.environ.get("TERNARY_VENVS", str(repo / ".venvs"))
+            else:
+                # The second: its own environment in its clone, its own toolchain cache path
+                # (hard links to the first's cache: no download, another path).
+                cache = workdir / "toolchain-cache-2"
+                src = _cache_root() / "toolchains"
+                if src.is_dir():
+                    cache.mkdir(parents=True)
+                    subprocess.run(["cp", "-al", str(src), str(cache / "toolchains")], check=True)
+                env["TERNARY_CACHE"] = str(cache)
+            cmd = [sys.executable, "-m", "ternary._build.pipeline", "build", target, *build_args]
+            log(f"[reproduce-{target}] build {i + 1} of 2 in {clone} (umask {variant['umask']:03o}, "
+                f"TZ={env['TZ']}, USER={env['USER']}, TMPDIR={tmp})")
+            t0 = time.monotonic()
+            started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            proc = subprocess.run(cmd, cwd=clone, env=env, stdout=sys.stderr,
+                                  preexec_fn=lambda m=variant["umask"]: os.umask(m))
+            seconds = round(time.monotonic() - t0, 1)
+            if proc.returncode != 0:
+                raise ReproError(f"build {i + 1} of {target} in {clone} failed (exit "
+                                 f"{proc.returncode}); its output is above. Rerun with --keep "
+                                 "to look into the checkout")
+            report = json.loads((clone / "dist" / f"build-{target}.json").read_text())
+            dest = out_dir / str(i + 1)
+            dest.mkdir(parents=True)
+            wheel = dest / Path(report["wheel"]).name
+            shutil.copy2(clone / report["wheel"], wheel)
+            (dest / f"build-{target}.json").write_text(json.dumps(report, indent=2) + "\n")
+            runs.append({"checkout": str(clone), "started": started, "seconds": seconds,
+                         "umask": f"{variant['umask']:03o}", "tmpdir": str(tmp),
+                         **{k: env[k] for k in ("TZ", "USER", "LC_ALL")},
+                         "venvs": env.get("TERNARY_VENVS", str(clone / ".venvs")),
+                         "toolchain_cache": env.get("TERNARY_CACHE", str(_cache_root())),
+                         "wheel": str(wheel), "wheel_sha256": report["wheel_sha256"],
+                         "source_date_epoch": report["source_date_epoch"]})
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    result = compare(Path(runs[0]["wheel"]), Path(runs[1]["wheel"]))
+    result.update(target=target, commit=commit, runs=runs,
+                  uncommitted_changes_ignored=bool(dirty))
+    (repo / "dist" / f"reproduce-{target}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
