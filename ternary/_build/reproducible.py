@@ -218,13 +218,14 @@ def render(result: dict, title: str) -> None:
     runs = [(str(k + 1), r["checkout"], f"umask {r['umask']}, TZ={r['TZ']}, USER={r['USER']}, "
              f"LC_ALL={r['LC_ALL']}\nTMPDIR={r['tmpdir']}\nvenvs {r['venvs']}\n"
              f"toolchains {r['toolchain_cache']}", r["started"], f"{r['seconds']} s",
-             r["wheel_sha256"]) for k, r in enumerate(result.get("runs", []))]
+             r["wheel_sha256"][:16] + "...") for k, r in enumerate(result.get("runs", []))]
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         for n, where, how, started, seconds, sha in runs:
-            print(f"build {n}: {where}\n  {how}\n  started {started}, {seconds}\n  sha256 {sha}")
+            how = how.replace("\n", "\n  ")
+            print(f"build {n}: {where}\n  {how}\n  started {started}, took {seconds}\n  sha256 {sha}")
         print("\n".join(header))
         for member, kind, detail, a, b in rows:
             print(f"  {member}  [{kind}]  {detail}")
@@ -233,8 +234,10 @@ def render(result: dict, title: str) -> None:
         return
     console = Console(width=max(Console().width, 160))
     if runs:
-        table = Table("build", "checkout", "environment", "started", "took", "wheel sha256",
-                      show_lines=True)
+        table = Table(show_lines=True)
+        for name in ("build", "checkout", "environment", "started", "took"):
+            table.add_column(name, overflow="fold")
+        table.add_column("wheel sha256", overflow="fold")
         for row in runs:
             table.add_row(*row)
         console.print(table, highlight=False, markup=False)
