@@ -94,25 +94,51 @@ class Difference:
         return dataclasses.asdict(self)
 
 
-def _elf_section(data: bytes, offset: int) -> str | None:
-    """The name of the ELF64 little-endian section holding file offset `offset`."""
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1 or len(data) < 64:
+def _elf_sections(data: bytes) -> list[tuple[str, int, int]] | None:
+    """(name, offset, size) of every section of an ELF64 little-endian file that has bytes in
+    it, plus its headers; None for anything else."""
+    if data[:4] != b"\x7fELF" or len(data) < 64 or data[4] != 2 or data[5] != 1:
         return None
     try:
-        shoff, = struct.unpack_from("<Q", data, 0x28)
-        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
-                    for i in range(shnum)]
-        strtab_off = sections[shstrndx][4]
-        for name_off, sh_type, _flags, _addr, off, size in sections:
-            if sh_type != 8 and off <= offset < off + size:  # 8: SHT_NOBITS has no bytes
-                end = data.index(b"\0", strtab_off + name_off)
-                return data[strtab_off + name_off:end].decode("ascii", "replace")
-        if offset >= shoff:
-            return "section header table"
-        return "ELF headers / between sections"
+        phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", data, 0x36)
+        raw = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        strtab = raw[shstrndx][4]
+        out = [("ELF header", 0, 64), ("program headers", phoff, phentsize * phnum),
+               ("section headers", shoff, shentsize * shnum)]
+        for name_off, sh_type, _flags, _addr, off, size in raw:
+            if sh_type != 8 and size:  # 8: SHT_NOBITS holds no bytes in the file
+                end = data.index(b"\0", strtab + name_off)
+                out.append((data[strtab + name_off:end].decode("ascii", "replace"), off, size))
+        return out
     except (struct.error, IndexError, ValueError):
         return None
+
+
+def _elf_section(data: bytes, offset: int) -> str | None:
+    """The name of the ELF section (or header) holding file offset `offset`."""
+    sections = _elf_sections(data)
+    if sections is None:
+        return None
+    for name, off, size in sections:
+        if off <= offset < off + size:
+            return name
+    return "between sections"
+
+
+def _elf_differing(a: bytes, b: bytes) -> str:
+    """Where two same-size ELF files differ: differing bytes per section, most first."""
+    sections = _elf_sections(a)
+    if sections is None or len(a) != len(b):
+        return ""
+    counts = []
+    for name, off, size in sections:
+        n = sum(x != y for x, y in zip(a[off:off + size], b[off:off + size]))
+        if n:
+            counts.append((n, name))
+    counts.sort(reverse=True)
+    more = f", {len(counts) - 6} more sections" if len(counts) > 6 else ""
+    return "differing bytes by section: " + ", ".join(f"{name} {n:,}" for n, name in counts[:6]) + more
 
 
 def _show(data: bytes, offset: int, width: int = 24) -> str:
@@ -157,6 +183,9 @@ def content_difference(member: str, a: bytes, b: bytes) -> Difference:
     ctx_a, ctx_b = _context(a, off), _context(b, off)
     if ctx_a or ctx_b:
         parts.append(f"text there: {ctx_a!r} / {ctx_b!r}")
+    by_section = _elf_differing(a, b)
+    if by_section:
+        parts.append(by_section)
     return Difference(member, "content", "; ".join(parts), off, _show(a, off), _show(b, off))
 
 
@@ -174,6 +203,7 @@ def compare(first: Path, second: Path) -> dict:
         with za, zb:
             ia = {i.filename: i for i in za.infolist()}
             ib = {i.filename: i for i in zb.infolist()}
+            meta: dict[tuple[str, str, str], list[str]] = {}
             diffs += [Difference(n, "only in first", f"{ia[n].file_size:,} bytes")
                       for n in ia if n not in ib]
             diffs += [Difference(n, "only in second", f"{ib[n].file_size:,} bytes")
@@ -184,11 +214,16 @@ def compare(first: Path, second: Path) -> dict:
                 if da != db:
                     diffs.append(content_difference(name, da, db))
                 if x.date_time != y.date_time:
-                    diffs.append(Difference(name, "time", f"{x.date_time} / {y.date_time}",
-                                            first=str(x.date_time), second=str(y.date_time)))
+                    meta.setdefault(("time", str(x.date_time), str(y.date_time)), []).append(name)
                 if x.external_attr != y.external_attr:
                     ma, mb = oct(x.external_attr >> 16), oct(y.external_attr >> 16)
-                    diffs.append(Difference(name, "mode", f"{ma} / {mb}", first=ma, second=mb))
+                    meta.setdefault(("mode", ma, mb), []).append(name)
+            # One row for all members whose time (or mode) differs the same way.
+            for (kind, va, vb), names in meta.items():
+                member = names[0] if len(names) == 1 else (
+                    f"{len(names)} members: {', '.join(names[:3])}"
+                    + (", ..." if len(names) > 3 else ""))
+                diffs.append(Difference(member, kind, f"{va} / {vb}"))
             common_a = [n for n in ia if n in ib]
             common_b = [n for n in ib if n in ia]
             if common_a != common_b:
@@ -244,7 +279,7 @@ def render(result: dict, title: str) -> None:
     console.print("\n".join(header), highlight=False, markup=False)
     if rows:
         table = Table(show_lines=True)
-        table.add_column("member", no_wrap=True)
+        table.add_column("member", overflow="fold", max_width=60)
         table.add_column("what", no_wrap=True)
         table.add_column("detail and first differing bytes (first / second)", overflow="fold")
         for member, kind, detail, a, b in rows:
