@@ -261,6 +261,7 @@ def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
     result = reproducible.reproduce(matrix.REPO, target.name, build_args, workdir, keep=opts.keep,
                                     log=lambda m: print(m, file=sys.stderr, flush=True))
     result["seconds"] = round(time.monotonic() - t0, 1)
+    (DIST / f"reproduce-{target.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if opts.json:
         print(json.dumps(result, indent=2))
     else:
