@@ -275,6 +275,10 @@ def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
         print(f"error: the two builds of {target.name} differ (listed above). Compare in depth "
               f"with `diffoscope dist/reproduce-{target.name}/1/*.whl "
               f"dist/reproduce-{target.name}/2/*.whl` (pip install diffoscope)", file=sys.stderr)
+        if "-lineinfo" in os.environ.get("TERNARY_NVCC_FLAGS", ""):
+            print("note: TERNARY_NVCC_FLAGS has -lineinfo, which writes each source's absolute "
+                  "path into the device line tables: unset it for a reproducible build",
+                  file=sys.stderr)
         return 1
     return 0
 
