@@ -151,3 +151,21 @@ def test_reproduce_real_builds(target, args, tmp_path):
     result = json.loads((matrix.REPO / "dist" / f"reproduce-{target}.json").read_text())
     assert code == 0, result["differences"]
     assert result["identical"] and result["runs"][0]["checkout"] != result["runs"][1]["checkout"]
+
+
+# --- what keeps paths out of ternary._C ---------------------------------------------------
+
+def test_no_anonymous_namespace_in_cuda_sources():
+    """cudafe++ names an anonymous namespace after a hash of the file's path, which lands in
+    every kernel symbol of the fatbin (measured: _GLOBAL__N__48d31452 under one directory,
+    _GLOBAL__N__c90d2b02 under another): .cu files use named inline namespaces."""
+    offenders = [p.name for p in sorted((matrix.REPO / "csrc").glob("*.cu"))
+                 if "namespace {" in p.read_text()]
+    assert offenders == [], f"{offenders}: use `inline namespace <file>_cu {{` instead"
+
+
+def test_default_nvcc_flags_carry_no_lineinfo_and_map_the_paths():
+    text = (matrix.REPO / "setup.py").read_text()
+    nvcc = text[text.index('"nvcc": ['):].split("]", 1)[0]
+    assert "-lineinfo" not in nvcc
+    assert "-ffile-prefix-map" in text and 'sys.prefix: "/venv"' in text
