@@ -8,6 +8,7 @@ nox: `python -m ternary._build.pipeline build h100 --toolchain deb`.
   nox -s build-h100                       locked env, pinned CUDA 12.4, compile, SASS check, wheel
   nox -s build-a100 -- --toolchain deb --allow-cuda-minor-mismatch
   nox -s test-h200 -- --host-torch        against the GPU host's own torch
+  nox -s reproduce-h100                   two fresh checkouts, two builds, byte-compared
   nox -s tests                            the CPU test suite (README's test command)
 """
 
@@ -50,6 +51,23 @@ def _target_sessions(name: str) -> None:
             _run_pipeline(session, "test", name)
 
         test.__doc__ = f"Build for {name}, then pytest in its environment (GPU tests where a GPU is)."
+
+    if t.platform == "linux" and (t.arch_list or t.name == "cpu"):
+        what = "wheel" if t.arch_list else "reference-only wheel (no ternary._C)"
+        if not t.arch_list:
+            @nox.session(name=f"build-{name}", venv_backend="none", tags=["build"], default=False)
+            def build_reference(session: nox.Session) -> None:
+                _run_pipeline(session, "build", name)
+
+            build_reference.__doc__ = f"Build the {what} in the {name} environment."
+
+        @nox.session(name=f"reproduce-{name}", venv_backend="none", tags=["reproduce"],
+                     default=False)
+        def reproduce(session: nox.Session) -> None:
+            _run_pipeline(session, "reproduce", name)
+
+        reproduce.__doc__ = (f"Build the {name} {what} twice in two fresh checkouts (other paths, "
+                             "environment, time); fail naming every differing member.")
 
     if t.platform == "linux" and t.arch_list or t.name == "cpu":
         @nox.session(name=f"docker-{name}", venv_backend="none", tags=["docker"], default=False)

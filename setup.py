@@ -83,9 +83,13 @@ def _extension_kwargs() -> dict:
     hfile = gen / "ternary_build_info.h"
     if not hfile.exists() or hfile.read_text() != header:
         hfile.write_text(header)
-    # Paths of this checkout and of the environment must not leak into the binary
-    # (reproducible builds from any directory).
-    prefix_maps = [f"-ffile-prefix-map={ROOT}=.", f"-ffile-prefix-map={sys.prefix}=/venv"]
+    # Paths of this checkout, its build directory, the environment and the toolchain must not
+    # leak into the binary (reproducible builds from any directory; README, "Reproducible
+    # builds"). The most specific prefix comes last: gcc applies the last map that matches.
+    build_dir = Path(os.environ.get("TERNARY_BUILD_DIR", ROOT / "build")).resolve()
+    maps = {cuda_home: "/cuda", str(Path(cuda_home).resolve()): "/cuda", str(ROOT): ".",
+            sys.prefix: "/venv", str(build_dir): "./build"}
+    prefix_maps = [f"-ffile-prefix-map={src}={dst}" for src, dst in maps.items()]
     # No -std here: torch's BuildExtension adds the standard its headers need (C++17 up to
     # torch 2.9, C++20 from 2.10 on).
     if os.name == "nt":
@@ -101,8 +105,10 @@ def _extension_kwargs() -> dict:
         include_dirs=[str(ROOT / "csrc"), str(gen)],
         extra_compile_args={
             "cxx": cxx,
-            "nvcc": ["-O3", "-lineinfo", *nvcc_host,
-                     *os.environ.get("TERNARY_NVCC_FLAGS", "").split()],
+            # No -lineinfo by default: nvcc's line tables hold the absolute path of every
+            # source and CUDA header, which no flag maps. TERNARY_NVCC_FLAGS=-lineinfo for
+            # profiling builds (not reproducible across paths).
+            "nvcc": ["-O3", *nvcc_host, *os.environ.get("TERNARY_NVCC_FLAGS", "").split()],
         },
     )
 

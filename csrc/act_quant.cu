@@ -23,7 +23,9 @@
 #include "kernels.h"
 
 namespace ternary {
-namespace {
+// Named, not anonymous: cudafe++ names an anonymous namespace after a hash of the file's
+// path, which would put the checkout path into every kernel symbol (docs/build.md).
+inline namespace act_quant_cu {
 
 constexpr float kEps = 1e-5f;   // torch's clamp(min=1e-5) on a float32 tensor: float(1e-5)
 constexpr float kQmax = 127.f;
@@ -301,7 +303,7 @@ void launch_out(const void* x, void* q, bool q_int8, float* s, int64_t m, int64_
   else launch_typed<T, T>(x, q, s, m, k, stream);
 }
 
-}  // namespace
+}  // namespace act_quant_cu
 
 const char* quantize_act_int8_route(DType dtype, int64_t k) {
   const int64_t nvec = k / (dtype == DType::kFloat ? 4 : 8);

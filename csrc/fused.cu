@@ -33,7 +33,10 @@
 #include "kernels.h"
 
 namespace ternary {
-namespace {
+// Named, not anonymous: cudafe++ names an anonymous namespace after a hash of the
+// checkout path, which would put the path into every kernel's symbol. Inline, so the
+// names below read as before.
+inline namespace fused_cu {
 
 constexpr int kTileN = 32;
 constexpr int kTileK = 64;
@@ -2171,7 +2174,7 @@ __global__ void dequantize_repacked_kernel(const uint4* __restrict__ tiles,
   }
 }
 
-}  // namespace
+}  // namespace fused_cu
 
 cudaError_t launch_dequantize_repacked(const uint8_t* repacked, const float* scale, void* out,
                                        DType dtype, int64_t n, int64_t k, int64_t group_size,

@@ -8,7 +8,10 @@
 #include "kernels.h"
 
 namespace ternary {
-namespace {
+// Named, not anonymous: cudafe++ names an anonymous namespace after a hash of the
+// checkout path, which would put the path into every kernel's symbol. Inline, so the
+// names below read as before.
+inline namespace gemm_simple_cu {
 
 constexpr int kWarps = 8;
 
@@ -57,7 +60,7 @@ cudaError_t launch_typed(const void* x, int64_t ldx, const uint8_t* packed, cons
   return cudaGetLastError();
 }
 
-}  // namespace
+}  // namespace gemm_simple_cu
 
 cudaError_t launch_gemm(const void* x, int64_t ldx, const uint8_t* packed, const float* scale,
                         const void* bias, void* y, DType dtype, int64_t m, int64_t n, int64_t k,

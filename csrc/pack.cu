@@ -6,7 +6,10 @@
 #include "kernels.h"
 
 namespace ternary {
-namespace {
+// Named, not anonymous: cudafe++ names an anonymous namespace after a hash of the
+// checkout path, which would put the path into every kernel's symbol. Inline, so the
+// names below read as before.
+inline namespace pack_cu {
 
 constexpr int kThreads = 256;
 
@@ -84,7 +87,7 @@ int grid_for(int64_t items) {
   return (int)(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
 }
 
-}  // namespace
+}  // namespace pack_cu
 
 cudaError_t launch_pack(const int8_t* codes, uint8_t* packed, int64_t n, int64_t k,
                         cudaStream_t stream) {

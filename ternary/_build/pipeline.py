@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ternary._build import checks, envs, matrix, sass
+from ternary._build import checks, envs, matrix, reproducible, sass
 
 DIST = matrix.REPO / "dist"
 
@@ -35,6 +34,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host-python", default="python3",
                    help="with --host-torch: the python that holds the host's torch")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="reproduce-<target>: where the two fresh checkouts go (default: "
+                        "<TMPDIR>/vllm-ternary-reproduce-<target>; emptied first)")
+    p.add_argument("--keep", action="store_true",
+                   help="reproduce-<target>: keep the two checkouts (wheels and reports are "
+                        "kept in dist/reproduce-<target>/ either way)")
     p.add_argument("pytest_args", nargs="*",
                    help="test-<target>: extra arguments for pytest; smoke-<target>: for `ternary smoke`")
     return p.parse_args(argv)
@@ -72,7 +77,7 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         raise checks.ToolchainError(
             f"target {target.name} builds with MSVC on native Windows; run `nox -s build-{target.name}` there")
     if not target.arch_list:
-        raise checks.ToolchainError(f"target {target.name} has no arch list: it builds no extension")
+        return build_reference(target)
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     py = envs.ensure(target, host_torch=opts.host_torch, host_python=opts.host_python)
@@ -93,7 +98,9 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
                      f"{facts['torch_cuda']} (--allow-cuda-minor-mismatch)")
 
     local = target.local_version
+    epoch, epoch_from = reproducible.source_date_epoch(matrix.REPO)
     env = {**os.environ, **tc.env,
+           "SOURCE_DATE_EPOCH": str(epoch),
            "TERNARY_ARCH_LIST": target.torch_arch_list,
            "TERNARY_LOCAL_VERSION": local,
            "TERNARY_BUILD_DIR": str(matrix.REPO / "build" / target.name),
@@ -113,6 +120,7 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     if len(wheels) != 1:
         raise sass.SassError(f"expected one wheel for +{local} in {DIST}, found {wheels}")
     wheel = wheels[0]
+    reproducible.normalize_wheel(wheel, epoch)
     found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
     timings["total_s"] = time.monotonic() - t0
     report = {
@@ -127,9 +135,46 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         "sass_found": found["sass"],
         "ptx_found": found["ptx"],
         "wheel": str(wheel.relative_to(matrix.REPO)),
-        "wheel_sha256": hashlib.sha256(wheel.read_bytes()).hexdigest(),
+        "wheel_sha256": reproducible.sha256(wheel),
+        "source_date_epoch": epoch,
+        "source_date_epoch_from": epoch_from,
         "notes": notes,
         **{k: round(v, 1) for k, v in timings.items()},
+    }
+    (DIST / f"build-{target.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def build_reference(target: matrix.Target) -> dict:
+    """The reference-only wheel (no ternary._C; the ops run the PyTorch reference), built
+    with the target's environment: what a target without an arch list ships."""
+    t0 = time.monotonic()
+    py = envs.ensure(target)
+    epoch, epoch_from = reproducible.source_date_epoch(matrix.REPO)
+    DIST.mkdir(exist_ok=True)
+    pattern = "vllm_ternary-*-py3-none-any.whl"
+    for old in DIST.glob(pattern):
+        old.unlink()
+    env = {**os.environ, "TERNARY_NO_EXTENSION": "1", "SOURCE_DATE_EPOCH": str(epoch),
+           "TERNARY_BUILD_DIR": str(matrix.REPO / "build" / target.name)}
+    env.pop("TERNARY_LOCAL_VERSION", None)
+    print(f"[{target.name}] building the reference-only wheel (no ternary._C) ...", flush=True)
+    subprocess.run([str(py), "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
+                    "--outdir", str(DIST), str(matrix.REPO)], env=env, check=True)
+    wheels = sorted(DIST.glob(pattern))
+    if len(wheels) != 1:
+        raise sass.SassError(f"expected one reference-only wheel ({pattern}) in {DIST}, found {wheels}")
+    wheel = wheels[0]
+    reproducible.normalize_wheel(wheel, epoch)
+    report = {
+        "target": target.name,
+        "toolchain": "none (reference-only: no ternary._C)",
+        "wheel": str(wheel.relative_to(matrix.REPO)),
+        "wheel_sha256": reproducible.sha256(wheel),
+        "source_date_epoch": epoch,
+        "source_date_epoch_from": epoch_from,
+        "notes": [],
+        "total_s": round(time.monotonic() - t0, 1),
     }
     (DIST / f"build-{target.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -201,10 +246,47 @@ def test(target: matrix.Target, opts: argparse.Namespace) -> int:
     return subprocess.run(cmd, cwd=matrix.REPO).returncode
 
 
+def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
+    """Build target twice in two fresh checkouts that differ in path, environment and time;
+    0 when the wheels are byte-identical, 1 (with every differing member named) otherwise."""
+    import tempfile
+
+    build_args = ["--toolchain", opts.toolchain]
+    if opts.allow_cuda_minor_mismatch:
+        build_args.append("--allow-cuda-minor-mismatch")
+    if opts.host_torch:
+        build_args += ["--host-torch", "--host-python", opts.host_python]
+    workdir = opts.workdir or Path(tempfile.gettempdir()) / f"vllm-ternary-reproduce-{target.name}"
+    t0 = time.monotonic()
+    result = reproducible.reproduce(matrix.REPO, target.name, build_args, workdir, keep=opts.keep,
+                                    log=lambda m: print(m, file=sys.stderr, flush=True))
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    (DIST / f"reproduce-{target.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    if opts.json:
+        print(json.dumps(result, indent=2))
+    else:
+        reproducible.render(result, f"reproduce-{target.name} at {result['commit'][:12]}")
+        if result["uncommitted_changes_ignored"]:
+            print("note: this checkout has uncommitted changes; both builds are of the commit "
+                  "only", file=sys.stderr)
+        print(f"{result['seconds']} s; dist/reproduce-{target.name}.json, wheels in "
+              f"dist/reproduce-{target.name}/1 and /2")
+    if not result["identical"]:
+        print(f"error: the two builds of {target.name} differ (listed above). Compare in depth "
+              f"with `diffoscope dist/reproduce-{target.name}/1/*.whl "
+              f"dist/reproduce-{target.name}/2/*.whl` (pip install diffoscope)", file=sys.stderr)
+        if "-lineinfo" in os.environ.get("TERNARY_NVCC_FLAGS", ""):
+            print("note: TERNARY_NVCC_FLAGS has -lineinfo, which writes each source's absolute "
+                  "path into the device line tables: unset it for a reproducible build",
+                  file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or argv[0] not in ("build", "test", "smoke"):
-        print("usage: python -m ternary._build.pipeline build|test|smoke TARGET [options]",
+    if len(argv) < 2 or argv[0] not in ("build", "test", "smoke", "reproduce"):
+        print("usage: python -m ternary._build.pipeline build|test|smoke|reproduce TARGET [options]",
               file=sys.stderr)
         return 2
     action, name, rest = argv[0], argv[1], argv[2:]
@@ -214,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         if action == "build":
             print_report(build(target, opts), opts.json)
             return 0
+        if action == "reproduce":
+            return reproduce(target, opts)
         return (test if action == "test" else smoke)(target, opts)
-    except (checks.ToolchainError, envs.EnvError, sass.SassError, matrix.MatrixError) as e:
+    except (checks.ToolchainError, envs.EnvError, sass.SassError, matrix.MatrixError,
+            reproducible.ReproError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -13,6 +13,7 @@ Needs root (debootstrap, chroot). Standard library only, rich for progress when 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ternary._build import matrix, windows
+from ternary._build import matrix, reproducible, windows
 
 CACHE = matrix.REPO / ".cache" / "wsl"
 ROOTFS_TAR = CACHE / "bookworm-minbase.tar"
@@ -167,6 +168,8 @@ def build_tarball(target: matrix.Target | str, wheel: str | os.PathLike, out: st
     check_host()
     tar = ensure_rootfs()
     out.parent.mkdir(parents=True, exist_ok=True)
+    epoch, _ = reproducible.source_date_epoch(matrix.REPO)
+    manifest_path = Path(str(out) + ".manifest.json")
     with tempfile.TemporaryDirectory(dir=CACHE, prefix=f"work-{target.name}-") as tmp:
         root = Path(tmp) / "rootfs"
         root.mkdir()
@@ -174,17 +177,20 @@ def build_tarball(target: matrix.Target | str, wheel: str | os.PathLike, out: st
             _run(["tar", "--numeric-owner", "-C", str(root), "-xf", str(tar)], "untar rootfs")
         with _mounted(root):
             with _step(f"apt-get install {' '.join(APT_PACKAGES)}"):
-                env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+                env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive",
+                       "SOURCE_DATE_EPOCH": str(epoch)}  # py3compile: hash-checked .pyc
                 _run(["chroot", str(root), "apt-get", "update"], "apt-get update", env=env)
                 _run(["chroot", str(root), "apt-get", "install", "-y", "--no-install-recommends",
                       *APT_PACKAGES], "apt-get install", env=env)
                 _run(["chroot", str(root), "apt-get", "clean"], "apt-get clean")
+            packages = package_manifest(root)
             stage = root / "tmp" / "ternary-install"
             stage.mkdir(parents=True)
             shutil.copy2(wheel, stage / wheel.name)
             shutil.copy2(req, stage / "requirements.txt")
             pip_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-                       "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"}
+                       "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
+                       "SOURCE_DATE_EPOCH": str(epoch)}  # hash-checked .pyc, not mtimes
             if host_ca and Path(host_ca).is_file():  # networks that intercept TLS
                 shutil.copy2(host_ca, stage / "ca.crt")
                 pip_env["PIP_CERT"] = "/tmp/ternary-install/ca.crt"
@@ -211,12 +217,136 @@ def build_tarball(target: matrix.Target | str, wheel: str | os.PathLike, out: st
             raise WslBuildError(f"the rootfs contains a Linux GPU driver ({', '.join(bad)}); "
                                 "under WSL2 it shadows the Windows driver's stub in "
                                 "/usr/lib/wsl/lib: remove the package that brought it")
-        with _step(f"tar.gz {out}"):
-            _run(["tar", "--numeric-owner", "--use-compress-program", "gzip -1", "-C",
-                  str(root), "-cf", str(out) + ".part", "."], "tar.gz")
-            os.replace(str(out) + ".part", out)
-    print(f"wrote {out} ({out.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
+        scrub(root, epoch)
+        with _step(f"tar.gz {out} (sorted, mtimes {epoch}, numeric owners)"):
+            deterministic_tar_gz(root, out, epoch)
+    manifest = {"target": target.name, "source_date_epoch": epoch,
+                "wheel": wheel.name, "wheel_sha256": reproducible.sha256(wheel),
+                "requirements": req.name, "requirements_sha256": reproducible.sha256(req),
+                "tarball_sha256": reproducible.sha256(out), "debian_packages": packages}
+    if manifest_path.is_file():
+        old = json.loads(manifest_path.read_text()).get("debian_packages", [])
+        changes = manifest_changes(old, packages)
+        print(f"Debian packages against the previous {manifest_path.name}: "
+              + ("; ".join(changes) if changes else "none changed"), file=sys.stderr)
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"wrote {out} ({out.stat().st_size / 2**20:.0f} MiB, sha256 {manifest['tarball_sha256']}) "
+          f"and {manifest_path.name}", file=sys.stderr)
     return out
+
+
+# --- a tarball that is the same bytes when rebuilt from the same packages ----------------
+
+# Files a build writes that depend on when and how it ran, not on what it installed.
+SCRUB_GLOBS = ("var/log/**/*", "var/cache/apt/**/*", "var/lib/apt/lists/**/*",
+               "var/cache/ldconfig/aux-cache", "var/cache/debconf/*-old", "var/lib/dpkg/*-old",
+               "var/lib/systemd/random-seed", "root/.cache/**/*", "tmp/**/*", "var/tmp/**/*")
+SHADOW_FILES = ("etc/shadow", "etc/shadow-")
+
+
+def scrub(root: Path, epoch: int) -> list[str]:
+    """Empty the logs and caches of a build (kept as empty files where they are files) and set
+    every account's last password change to `epoch`'s day; returns what it touched."""
+    touched = []
+    for pattern in SCRUB_GLOBS:
+        for p in sorted(root.glob(pattern), reverse=True):
+            if p.is_symlink() or not p.is_file():
+                continue
+            rel = p.relative_to(root).as_posix()
+            if rel.startswith("var/log/"):
+                p.write_bytes(b"")  # packages expect their log files to exist
+            else:
+                p.unlink()
+            touched.append(rel)
+    machine_id = root / "etc" / "machine-id"
+    if machine_id.is_file() and machine_id.read_bytes():
+        machine_id.write_bytes(b"")  # systemd makes one on first boot
+        touched.append("etc/machine-id")
+    day = str(epoch // 86400)
+    for rel in SHADOW_FILES:
+        f = root / rel
+        if f.is_file():
+            lines = []
+            for line in f.read_text().splitlines():
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2]:
+                    fields[2] = day
+                lines.append(":".join(fields))
+            f.write_text("".join(f"{line}\n" for line in lines))
+            touched.append(rel)
+    return touched
+
+
+def tar_command(root: Path, epoch: int) -> list[str]:
+    """GNU tar of root: members sorted by name, every mtime `epoch`, numeric owners only,
+    gnu format (no atime/ctime, no pax headers with times)."""
+    return ["tar", "--sort=name", f"--mtime=@{epoch}", "--numeric-owner", "--format=gnu",
+            "-C", str(root), "-cf", "-", "."]
+
+
+def deterministic_tar_gz(root: Path, out: Path, epoch: int) -> Path:
+    """out (.tar.gz) from root, the same bytes for the same tree whatever the file times,
+    the owner names or the order files were written in (gzip -n: no name, no time)."""
+    part = Path(str(out) + ".part")
+    with open(part, "wb") as f:
+        tar = subprocess.Popen(tar_command(root, epoch), stdout=subprocess.PIPE)
+        gz = subprocess.run(["gzip", "-n", "-1"], stdin=tar.stdout, stdout=f)
+        tar.stdout.close()
+        if tar.wait() != 0 or gz.returncode != 0:
+            raise WslBuildError(f"tar | gzip of {root} into {part} failed (tar exit "
+                                f"{tar.returncode}, gzip exit {gz.returncode})")
+    os.replace(part, out)
+    return out
+
+
+def _packages_sha256(lists: Path) -> dict[tuple[str, str, str], str]:
+    """(package, version, arch) -> sha256 of its .deb, from apt's Packages lists."""
+    out = {}
+    for f in sorted(lists.glob("*_Packages")):
+        for stanza in f.read_text(errors="replace").split("\n\n"):
+            fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                          if ": " in line and not line.startswith(" "))
+            if {"Package", "Version", "Architecture", "SHA256"} <= fields.keys():
+                out[(fields["Package"], fields["Version"], fields["Architecture"])] = fields["SHA256"]
+    return out
+
+
+def package_manifest(root: Path) -> list[dict]:
+    """Every installed Debian package of root with version, architecture and the sha256 of
+    its .deb in the archive (None where apt's lists no longer hold that version). Call it
+    after `apt-get update` and before the lists are scrubbed."""
+    status = (root / "var" / "lib" / "dpkg" / "status").read_text(errors="replace")
+    shas = _packages_sha256(root / "var" / "lib" / "apt" / "lists")
+    out = []
+    for stanza in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if "Package" not in fields or not fields.get("Status", "").endswith(" installed"):
+            continue
+        key = (fields["Package"], fields["Version"], fields.get("Architecture", ""))
+        out.append({"package": key[0], "version": key[1], "architecture": key[2],
+                    "sha256": shas.get(key) or shas.get((key[0], key[1], "all"))})
+    return sorted(out, key=lambda p: (p["package"], p["architecture"]))
+
+
+def manifest_changes(old: list[dict], new: list[dict]) -> list[str]:
+    """What changed between two package manifests, one line a package."""
+    a = {(p["package"], p["architecture"]): p for p in old}
+    b = {(p["package"], p["architecture"]): p for p in new}
+    lines = []
+    for key in sorted(a.keys() | b.keys()):
+        x, y = a.get(key), b.get(key)
+        name = f"{key[0]}:{key[1]}"
+        if x is None:
+            lines.append(f"{name}: added {y['version']}")
+        elif y is None:
+            lines.append(f"{name}: removed (was {x['version']})")
+        elif (x["version"], x["sha256"]) != (y["version"], y["sha256"]):
+            what = (f"{x['version']} -> {y['version']}" if x["version"] != y["version"]
+                    else f"{x['version']}, same version, other .deb (sha256 "
+                         f"{(x['sha256'] or 'unknown')[:16]}... -> {(y['sha256'] or 'unknown')[:16]}...)")
+            lines.append(f"{name}: {what}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

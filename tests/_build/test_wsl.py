@@ -136,3 +136,71 @@ def test_tarball_chroots_and_imports_ternary(tmp_path):
                          capture_output=True, text=True)
     assert '"checks"' in doc.stdout, doc.stderr
     assert wsl.linux_gpu_driver_files(root) == []
+
+
+# --- the same tarball from the same packages ---------------------------------------------
+
+def _tree(root: Path, order, mtime: int, umask_mode: int) -> Path:
+    for rel in order:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"content of {rel}\n")
+        p.chmod(umask_mode)
+        os.utime(p, (mtime, mtime))
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc" / "shadow").write_text(f"root:*:{mtime // 86400}:0:99999:7:::\n"
+                                         f"ternary:!:{mtime // 86400 + 3}:0:99999:7:::\n")
+    (root / "var" / "log" / "apt").mkdir(parents=True, exist_ok=True)
+    (root / "var" / "log" / "apt" / "history.log").write_text(f"Start-Date: {mtime}\n")
+    (root / "var" / "cache" / "ldconfig").mkdir(parents=True, exist_ok=True)
+    (root / "var" / "cache" / "ldconfig" / "aux-cache").write_bytes(os.urandom(16))
+    return root
+
+
+@pytest.mark.skipif(shutil.which("tar") is None or shutil.which("gzip") is None,
+                    reason="needs GNU tar and gzip")
+def test_same_tree_gives_same_tarball_whatever_times_order_and_logs(tmp_path):
+    files = ["usr/bin/a", "opt/ternary/venv/lib/x.py", "usr/lib/b.so", "home/ternary/.bashrc"]
+    one = _tree(tmp_path / "one", files, 1_700_000_000, 0o644)
+    two = _tree(tmp_path / "two", list(reversed(files)), 1_800_000_000, 0o644)
+    epoch = 1_764_581_000
+    for root in (one, two):
+        touched = wsl.scrub(root, epoch)
+        assert "var/cache/ldconfig/aux-cache" in touched and "etc/shadow" in touched
+    a = wsl.deterministic_tar_gz(one, tmp_path / "one.tar.gz", epoch)
+    b = wsl.deterministic_tar_gz(two, tmp_path / "two.tar.gz", epoch)
+    assert a.read_bytes() == b.read_bytes()
+    with tarfile.open(a) as t:
+        members = t.getmembers()
+        names = [m.name for m in members]
+        assert names == sorted(names, key=lambda n: n.split("/"))
+        assert {m.mtime for m in members} == {epoch}
+        assert {(m.uname, m.gname) for m in members} <= {("", ""), ("root", "root")}
+        assert t.extractfile("./var/log/apt/history.log").read() == b""
+        assert f":{epoch // 86400}:" in t.extractfile("./etc/shadow").read().decode()
+    (two / "usr" / "bin" / "a").chmod(0o755)  # a mode is content: it must show
+    c = wsl.deterministic_tar_gz(two, tmp_path / "three.tar.gz", epoch)
+    assert c.read_bytes() != a.read_bytes()
+
+
+def test_package_manifest_and_what_changed(tmp_path):
+    (tmp_path / "var/lib/dpkg").mkdir(parents=True)
+    (tmp_path / "var/lib/apt/lists").mkdir(parents=True)
+    (tmp_path / "var/lib/dpkg/status").write_text(
+        "Package: python3\nStatus: install ok installed\nArchitecture: amd64\nVersion: 3.11.2-1+b1\n\n"
+        "Package: tzdata\nStatus: install ok installed\nArchitecture: all\nVersion: 2024a-0+deb12u1\n\n"
+        "Package: gone\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1\n")
+    (tmp_path / "var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages"
+     ).write_text("Package: python3\nVersion: 3.11.2-1+b1\nArchitecture: amd64\nSHA256: " + "a" * 64
+                  + "\nDescription: x\n continued\n\nPackage: tzdata\nVersion: 2024b-0+deb12u1\n"
+                  "Architecture: all\nSHA256: " + "b" * 64 + "\n")
+    m = wsl.package_manifest(tmp_path)
+    assert [(p["package"], p["version"], p["sha256"]) for p in m] == [
+        ("python3", "3.11.2-1+b1", "a" * 64), ("tzdata", "2024a-0+deb12u1", None)]
+    new = [dict(m[0], sha256="c" * 64), dict(m[1], version="2024b-0+deb12u1", sha256="b" * 64),
+           {"package": "libgomp1", "version": "12.2.0-14", "architecture": "amd64", "sha256": None}]
+    changes = wsl.manifest_changes(m, new)
+    assert changes == ["libgomp1:amd64: added 12.2.0-14",
+                       "python3:amd64: 3.11.2-1+b1, same version, other .deb (sha256 "
+                       "aaaaaaaaaaaaaaaa... -> cccccccccccccccc...)",
+                       "tzdata:all: 2024a-0+deb12u1 -> 2024b-0+deb12u1"]

@@ -165,10 +165,13 @@ def provide(target: matrix.Target, *, allow_cuda_minor_mismatch: bool = False,
     wheels.locked(DEB.cuda_version)
     inputs = {"deb_sha256": DEB.sha256, "lock_sha256": sha256(lock), "layout": LAYOUT}
     with cache.locked(name()) as home:
-        if cache.valid(home, inputs):
+        why = cache.check(home, inputs)
+        if why is None:
             progress.step(PROVIDER, f"CUDA {DEB.version.split('~')[0]} toolchain cached at {home}", show)
             return home, [f"CUDA toolchain: deb {DEB.package} {DEB.version} + "
                           f"{lock.name} wheels (cached at {home})"]
+        if (home / cache.STAMP).exists():
+            progress.step(PROVIDER, f"cached toolchain not used: {why}; reassembling it", show)
         cache.build(home, inputs, lambda h, d: assemble(h, d, show=show))
         progress.step(PROVIDER, f"CUDA {nvcc_version(home)} toolchain assembled at {home} "
                       f"({cache.size(home) / 1e6:.0f} MB)", show)

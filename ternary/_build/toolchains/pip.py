@@ -99,9 +99,12 @@ def provide(target: matrix.Target, *, show: bool) -> tuple[Path, list[str]]:
     note = (f"CUDA toolchain: pip wheels of {lock.name} (cuda-toolkit "
             f"{pins.get('cuda-toolkit', '?')}, cuobjdump {pins.get('nvidia-cuda-cuobjdump', '?')})")
     with cache.locked(name(cuda)) as home:
-        if cache.valid(home, inputs):
+        why = cache.check(home, inputs)
+        if why is None:
             progress.step(PROVIDER, f"CUDA {cuda.full_version} toolchain cached at {home}", show)
             return home, [f"{note}, cached at {home}"]
+        if (home / cache.STAMP).exists():
+            progress.step(PROVIDER, f"cached toolchain not used: {why}; reassembling it", show)
         cache.build(home, inputs, lambda h, d: assemble(cuda, h, d, show=show))
         progress.step(PROVIDER, f"CUDA {cuda.full_version} toolchain assembled at {home} "
                       f"({cache.size(home) / 1e6:.0f} MB)", show)
