@@ -1,3 +1,4 @@
+// The 2-bit code -> bf16/fp16 decode of the mma.sync kernels (the layout: common/layout.cuh).
 // Decoding is LUT-free and has no arithmetic: `word & 0x00030003` read as a packed
 // bfloat162/half2 is a pair of subnormals c * 2^-133 (bf16) or c * 2^-24 (fp16), where
 // c = w + 1 in {0, 1, 2}: the value is linear in the bits while the exponent field is 0.
@@ -6,7 +7,7 @@
 // For bf16 the products x * c * 2^-133 would be fp32 subnormals, so x is pre-scaled by
 // 2^100 (exact: a power of two). Pair r=1 of fragment f then sits at bits 4f+2, read as 4c
 // without a shift; its x is pre-scaled by 2^98 instead. Per 32-bit word: 3 shifts and
-// 8 ANDs for 16 weights (v2: 8 shifts, 8 ANDs/ORs and 8 subtractions).
+// 8 ANDs for 16 weights.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -26,9 +26,9 @@ __device__ __forceinline__ void pdl_wait() {
 }  // namespace
 
 // Switches for bisecting a hang inside a serving engine (tools/h200 tp-hang), read once a
-// process: TERNARY_PDL=0 launches every kernel plainly, TERNARY_PERSISTENT=0 gives
-// wgmma_big one block a tile. Results are the same either way; only overlap and speed move.
-// (inline: one copy a process, for every file)
+// process (inline: one copy for every file): TERNARY_PDL=0 launches every kernel plainly,
+// TERNARY_PERSISTENT=0 gives wgmma_big one block a tile. Results are the same either way; only
+// overlap and speed move.
 inline bool env_off(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] == '0' && v[1] == '\0';
@@ -46,8 +46,8 @@ namespace {
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization
 // attribute where pdl (which the caller sets only on sm_90+ devices). A launch the attribute
-// makes fail (a driver or platform without programmatic launch; none seen so far) is made
-// again plainly, which only orders it more strictly.
+// makes fail (a driver or platform without programmatic launch) is made again plainly, which
+// only orders it more strictly.
 template <typename... P, typename... A>
 cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                      cudaStream_t stream, bool pdl, const A&... args) {

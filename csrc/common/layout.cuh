@@ -1,5 +1,5 @@
-// The fused ternary gemm: unpack, dequantize and multiply in one pass over a weight layout
-// made for it at load time (repack), with no dense weight anywhere in memory.
+// The fused ternary gemm unpacks, dequantizes and multiplies in one pass over a weight layout
+// made for it at load time (fused/repack.cu), with no dense weight anywhere in memory.
 //
 // Layout ("repacked", uint8 [ceil(N/32), ceil(K/64), 512]): one 512-byte tile per 32 output
 // channels x 64 inputs, 16 bytes per lane of a warp, so a warp reads a tile with one

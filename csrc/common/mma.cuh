@@ -47,8 +47,8 @@ __device__ __forceinline__ void load_x16(uint32_t (&out)[8], const uint4* row, i
 }
 
 // load_x16 at a lane's own pointer (row and k already applied), only where `pred`; else `out`
-// keeps what it held. (Written as a C++ branch, the compiler wrapped it in divergent-branch
-// bookkeeping each step.)
+// keeps what it held. (As a C++ branch, the compiler wraps it in divergent-branch bookkeeping
+// each step.)
 __device__ __forceinline__ void load_x16p(uint32_t (&out)[8], const uint4* p, bool pred) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %8, 0;\n"

@@ -55,8 +55,8 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t
 // (8 rows of 128 bytes). Kept as its low word (start address >> 4 in bits 0-13, LBO) and a
 // constant high word: shared addresses stay under 256 KB, so a k16 step or a ring stage is an
 // add to the low word with no carry out of the start field. (Rebuilt from the address before
-// each wgmma, the descriptors were 24 of the 148 instructions a warp ran per k tile at 64
-// tokens; ncu, ninth session.)
+// each wgmma, the descriptors would be 24 of the 148 instructions a warp runs per k tile at
+// 64 tokens.)
 __device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
   return ((saddr & 0x3FFFF) >> 4) | (1u << 16);
 }
@@ -123,8 +123,8 @@ template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
 // its words 0 and 2 for receivers t = 0, 1 and P1 from words 1 and 3 for t = 2, 3. One xor
 // shuffle puts each lane's P1 on its partner t ^ 2, so r01 holds step 0 and 1's words on
 // lanes 0, 1 (P0) and 2, 3 (P1), and r23 those of steps 2 and 3: a step is then one
-// indexed shuffle from lane s ^ (t & 2). (Before: four prmt rounds, each tailored to its
-// receiver, and three selects a step to find it.)
+// indexed shuffle from lane s ^ (t & 2), rather than four prmt rounds, each tailored to its
+// receiver, and three selects a step to find it.
 template <typename T>
 __device__ __forceinline__ void wg_big_decode(const uint4& q, uint32_t (&a)[4][4], int t,
                                             uint32_t sel) {
@@ -196,8 +196,8 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
 // wgmma_big's split-K part of a tile, in the accumulators' own order: thread tid's
 // d[4 j .. 4 j + 3], scaled, is float4 j * kBigConsumers + tid of the tile's BNX x 128
 // floats, so each warp store writes 512 whole bytes (wgmma_big_finish_kernel maps them back
-// to tokens and channels). Written element by element at their (token, channel) places instead, the parts
-// took 18.6 % of the warp samples at M = 64 with K split 4 (ncu, ninth session).
+// to tokens and channels). Written element by element at their (token, channel) places, the
+// parts would take 18.6 % of the warp samples at M = 64 with K split 4.
 template <int BNX>
 __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
                                               int tid, int ch0, int n, const float* scale,
@@ -227,8 +227,8 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
 
 // The large-M kernels' end without split K: both consumer warpgroups' accumulators, scaled
 // and biased, go through shared memory to leave as 16-byte stores of whole token rows, in a
-// rolled loop. (wg_finish's per-element stores were 2866 SASS instructions run once a warp:
-// 40 % of the warp samples under ncu, nearly all stall_no_inst.) stmatrix .trans turns each
+// rolled loop. (Per-element stores, as wg_finish's, unroll into 2866 SASS instructions run
+// once a warp, which stall on instruction fetch.) stmatrix .trans turns each
 // 8 x 8 fragment (channels x tokens) into 8 token rows of 8 channels. Each warpgroup's 64
 // channels are a [BNX tokens][128 bytes] tile of their own at shared address shalf (generic
 // ghalf), one x stage's size, so the persistent wgmma_big can put them in the two stages it

@@ -28,14 +28,12 @@ namespace {
 // A warp step takes one k tile of NT neighbouring n tiles (x is read and pre-scaled once for
 // NT weight tiles), and the next step's x loads are in flight while this one decodes. The sum
 // of x that removes the code offset (y = sum c x - sum x) comes from one more mma per k16
-// step with A = the constant fragment of ones, shared by the NT tiles. (The first version
-// summed x in a prologue, row after row: M = 16 ran 36 us on 4096 x 22016.)
-// The time is the warps' serial instruction chains (stage ablations, third and tenth
-// sessions), so the k loop is kept short: unrolled over the ring slots, pointers stepped
-// rather than recomputed, x rows past M never rewritten, and rows g + 8 decoded in place
-// (decode_word_a). SASS, sm_90a, one m block: 116 -> 85 instructions a k tile; lab, eleventh
-// session, M = 1, us: 4096 x 22016 13.41 -> 11.54, 4096 x 12288 8.72 -> 7.81, 11008 x 4096
-// 8.29 -> 7.81, 4096 x 6144 6.97 -> 6.62.
+// step with A = the constant fragment of ones, shared by the NT tiles (summing x in a
+// prologue, row after row, would serialize the block behind it).
+// The time is the warps' serial instruction chains (the stage ablations below show it), so
+// the k loop is kept short: unrolled over the ring slots, pointers stepped rather than
+// recomputed, x rows past M never rewritten, and rows g + 8 decoded in place (decode_word_a):
+// 85 SASS instructions a k tile on sm_90a with one m block (docs/kernels.md).
 // ABL is for bench/kernel_lab.cu only, which times what each stage costs by leaving it out
 // (wrong results): 1 the correction mma, 2 the decode (raw words go to the mma), 4 the
 // weight mma (decoded words are folded into one output), 8 the x loads, 16 all but the
@@ -71,9 +69,9 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
                    ? reinterpret_cast<const uint4*>(x + (int64_t)(8 * nb + g) * ldx)
                    : nullptr;
   // XS: the block's x rows, all of K, are copied to shared memory ahead of the weight stream.
-  // Loaded a step or two ahead from global instead, x waited behind the weight tiles in the
-  // SM's load queue: at M = 1 that wait was 22 % of the warp samples, and loading two steps
-  // ahead left it there (bench/NOTES.md, ninth session). A lane copies, and later reads, its
+  // Loaded a step or two ahead from global instead, x waits behind the weight tiles in the
+  // SM's load queue (at M = 1, 22 % of the warp samples, whether one or two steps ahead;
+  // docs/kernels.md). A lane copies, and later reads, its
   // own 32 bytes of each of its warp's steps: rows 8 nb + g, k 16 t .. 16 t + 15.
   const int spw = (kt_count + nwarps - 1) / nwarps;
   uint4* const xs = ring - lane + (nwarps - warp) * S * NT * 32 + warp * spw * m * 8 + 2 * t;
@@ -240,13 +238,11 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 
 // Warps a block: the launcher adds warps (up to 16) while the grid has fewer than 12 an SM and
 // every warp keeps S tiles to stream; nwarps > 0 overrides it (bench/kernel_lab.cu sweeps it).
-// (Lab, M = 1, S = 4: this picks 4 warps on 4096 x 22016, 8 on 4096 x 12288 and 16 on
-// 4096 x 4096, each the fastest of 4, 8 and 16 there or within 0.4 us of it.)
+// At M = 1 with S = 4 that is the fastest of 4, 8 and 16 warps, or within 0.4 us of it, on
+// every shape in docs/kernels.md.
 // XS: 0 x from global, 2 x staged in shared memory (fused_decode_kernel), 1 staged where the
-// block's x is at most 32 KB and the grid at most two blocks an SM. Lab, ninth session (H200,
-// us, SE on): staged against not, M = 1: 11008 x 4096 8.41 / 8.76, 4096 x 6144 7.01 / 8.57,
-// 4096 x 4096 5.29 / 5.30, but 4096 x 22016 (six blocks an SM) 15.39 / 14.50; M = 4:
-// 4096 x 6144 (32 KB) 7.30 / 8.78, 4096 x 12288 (three blocks an SM) 10.40 / 9.08.
+// block's x is at most 32 KB and the grid at most two blocks an SM: staging pays while an SM
+// holds one or two blocks, and costs time from three blocks an SM or past 32 KB of x.
 template <typename T, int S, int NB, int NT, int ABL, int XS, bool SE>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
@@ -271,16 +267,15 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   const int64_t per_sm = (blocks + num_sms - 1) / num_sms;
   const bool xs = XS == 2 || (XS == 1 && xs_bytes <= 32 * 1024 && per_sm <= 2);
   // Grids of 1-2 blocks an SM take 16 warps (above), and two such blocks fit an SM only at 64
-  // registers or fewer: with the early scales (SE) the one-m-block kernel uses 66, so they ran
-  // in two rounds. Lab, tenth session, M = 5 / 8, us: 4096 x 6144 8.18 / 8.46 -> 6.84 / 7.20,
-  // 8192 x 6144 12.2 -> 10.5 (the bound on every instance cost the others about 1 %, so
-  // only these grids take it; bounded, the two-m-block kernels spill).
+  // registers or fewer: with the early scales (SE) the one-m-block kernel uses 66, so unbounded
+  // they run in two rounds. The bound costs every other instance about 1 %, so only these
+  // grids take it (bounded, the two-m-block kernels spill).
   const bool two = NB == 1 && nwarps == 16 && blocks > num_sms;
   auto kernel = xs    ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE>
                 : two ? fused_decode_kernel<T, S, NB, NT, ABL, false, SE, NB == 1 ? 2 : 1>
                       : fused_decode_kernel<T, S, NB, NT, ABL, false, SE>;
   const size_t bytes = smem + (xs ? xs_bytes : 0);
-  if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // (forced staging, lab only)
+  if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // (XS = 2: bench/kernel_lab.cu only)
   if (bytes > 48 * 1024) {
     const cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);

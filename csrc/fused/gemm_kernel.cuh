@@ -20,7 +20,7 @@ namespace {
 // One block: 32 output channels x 16*MT rows of x. Its warps split the K tiles round-robin,
 // each streaming them through a cp.async ring of S tiles (below), then sum
 // their accumulators in a shared-memory tree (shared float atomics compile to CAS loops on
-// sm_90: 2x slower end to end in v1). Sizes fit in int (the launcher checks); offsets into
+// sm_90, 2x slower end to end). Sizes fit in int (the launcher checks); offsets into
 // x and the weight are 64-bit.
 template <int MT> constexpr int max_warps() { return 8; }
 // Registers decide residency: MT=1 is capped at 64 so that 8 blocks of 4 warps fit on an SM
@@ -121,8 +121,8 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
   zero(corr);
 
   // Each warp streams its tiles through a private ring of S 512-byte slots in shared memory,
-  // S-1 tiles in flight while one is decoded (v4 kept 2 in registers: 18 us at 4096x22016,
-  // latency-bound by ncu: 8.6 cycles per issued instruction, DRAM 16 % busy).
+  // S-1 tiles in flight while one is decoded (two tiles in registers leave the kernel
+  // latency-bound, with DRAM 16 % busy).
   const uint4* const wt[1] = {w + (int64_t)nt * kt_count * 32 + lane};
   uint4* ring = reinterpret_cast<uint4*>(red + red_floats) + warp * S * 32 + lane;
 #pragma unroll

@@ -23,10 +23,10 @@ namespace {
 // warps of a block, but a warp step takes one k tile of NT neighbouring n tiles, so a warp
 // loads and pre-scales its x fragments once for NT weight tiles, and the next step's x is in
 // flight while this one decodes (PF). fused_gemm_kernel loads x for every n tile (at M = 64 on
-// 4096 x 22016, 688 passes over x, 360 MB from L2 a call); halving that gained 9 % there, as
-// the mma.sync work is what bounds M >= 64 (bench/NOTES.md, fourth session). (Branch
-// next/gemm-smem staged x once a block in a shared-memory ring with warps split over N
-// instead: 2-6x slower on the H200, one barrier a k step and too few warps to cover latency.)
+// 4096 x 22016, 688 passes over x, 360 MB from L2 a call); halving that is worth 9 % there, as
+// the mma.sync work is what bounds M >= 64 (docs/kernels.md). x is not staged once a block in
+// shared memory with the warps split over N instead: that costs one barrier a k step and
+// leaves too few warps to cover latency (2-6x slower).
 template <typename T, int MT, int NT, int S, bool PF>
 __global__ void __launch_bounds__(256, 1)
 fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
@@ -179,10 +179,9 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
     nwarps = 4;
     while (nwarps < 8 && mb * nb * nwarps < (int64_t)num_sms * 16 && kt_count >= nwarps * 2 * S)
       nwarps *= 2;
-    // 8 warps only where the grid still fits one wave (sixth session, kernel_lab on the H200:
-    // 4096 x 6144 at M = 33 / 64 is 288 / 384 blocks at two 8-warp blocks an SM, 19.5 / 19.9 us
-    // against 16.8 / 16.9 with 4 warps; 11008 x 4096, 192 / 256 blocks, keeps 8: 25.4 / 25.5
-    // against 26.8 / 28.0)
+    // 8 warps only where the grid still fits one wave: past it, the second round of 8-warp
+    // blocks costs more than the warps gain (4096 x 6144 at M = 33 / 64, 288 / 384 blocks at two
+    // 8-warp blocks an SM, is about 15 % slower with 8; docs/kernels.md)
     static std::atomic<int> fit8[64];  // this instance's 8-warp blocks an SM, per device
     if (nwarps == 8 &&
         mb * nb > (int64_t)num_sms * occupancy_blocks(kernel, 256, smem_for(8), fit8))

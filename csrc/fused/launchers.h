@@ -41,7 +41,7 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
 
 namespace {
 
-constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (lab, seventh session)
+constexpr int kBigRows = 256, kBigStages = 6;  // the route's tile and ring (docs/kernels.md)
 constexpr int kBigMinM = 32;  // M above this on Hopper may take wgmma_big (pick_route)
 
 // Whether a wgmma_big launch of `count` tiles of bnx tokens, K split z ways over k_tiles k

@@ -69,10 +69,10 @@ __global__ void unrepack_kernel(const uint8_t* __restrict__ repacked, uint8_t* _
 // canonical copy). A thread writes 16 consecutive elements of one row, and consecutive threads
 // consecutive 16-element segments of that row, so a warp's stores are one contiguous run as
 // in the canonical dequantize. The 16 codes of row n = 32 nt + 8 f + g at k = 64 kt + 16 t +
-// [0, 16) are in lane (g, t)'s 16 bytes of tile (nt, kt) (the layout above); the four f of a
+// [0, 16) are in lane (g, t)'s 16 bytes of tile (nt, kt) (common/layout.cuh); the four f of a
 // lane share those bytes, so a tile is read from DRAM once and from L2 up to four times.
-// (v1 gave a warp one tile, each lane writing 8 rows' worth of 32-byte pieces: 196 us on
-// 4096 x 22016 against 70 for the canonical dequantize.) The arithmetic per element is
+// (A warp a tile, each lane writing 8 rows' worth of 32-byte pieces, is 2.8x slower than the
+// canonical dequantize.) The arithmetic per element is
 // dequantize_vec_kernel's (pack.cu): the same bits.
 template <typename T>
 __global__ void dequantize_repacked_kernel(const uint4* __restrict__ tiles,

@@ -23,7 +23,7 @@ namespace {
 // M > 128 on Hopper (sm_90a), where the grid has at least half a wave of blocks: the decode and
 // wgmma of fused_wgmma_rs2_kernel (weights as A from registers, x as B from shared memory)
 // with 256 tokens a block, so one decoded A fragment feeds m64n256k16, 4x the tensor work of
-// the M <= 128 kernel's m64n64 (bench/NOTES.md, seventh session). Warp-specialized, no block
+// the M <= 128 kernel's m64n64 (docs/kernels.md). Warp-specialized, no block
 // barrier in the loop:
 // - warpgroup 2, one thread: moves each 64-wide k tile of x by TMA into an S-stage ring (the
 //   copy engine writes the 128-byte swizzle wgmma reads); the "full" mbarrier counts bytes,
@@ -31,10 +31,11 @@ namespace {
 // - warpgroups 0 and 1, 64 channels each: wait for a stage, issue the wgmma, release the
 //   stage they finished with ("empty", after wgmma(kt - 1) retired), decode the next A.
 // x arrives in its own k order here, so the A fragment must too: lane (g, t) needs, for k16
-// step s, words t / 2 and 2 + t / 2 of lane (g, s)'s 16 bytes (the tile layout above holds
-// physical k = 16 t + 4 s' + 2 u' + h in word s' of lane t). Each lane cp.asyncs its own 16
-// bytes (8-deep ring), packs the bytes of this warp's channels into two words (one prmt each),
-// and a k16 step takes its word by one indexed shuffle within the quad (5 a k tile; decode).
+// step s, words t / 2 and 2 + t / 2 of lane (g, s)'s 16 bytes (the tile layout,
+// common/layout.cuh, holds physical k = 16 t + 4 s' + 2 u' + h in word s' of lane t). Each
+// lane cp.asyncs its own 16 bytes (8-deep ring), packs the bytes of this warp's channels into
+// two words (one prmt each), and a k16 step takes its word by one indexed shuffle within the
+// quad (5 a k tile; decode).
 // setmaxnreg gives the consumers 232 registers (128 fp32 accumulators, two k tiles of A).
 // Block b of a launch takes tile tile0 + b (row block t % row_blocks, channel block
 // t / row_blocks). With ws, K is split gridDim.z ways: the fp32 parts go to ws, a 256 x 128
@@ -189,8 +190,8 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       // output through the two held stages, then release those. A pad stage is released only
       // once its "full" phase completed, i.e. once the producer has passed its empty wait:
       // released earlier, that stage's barrier could complete two phases before the producer
-      // polls it, and the parity it waits for would then never come (3 hangs in about
-      // 31,000 launches at M = 16384, K = 5504: ternary.kernel_soak, twenty-second session).
+      // polls it, and the parity it waits for would then never come (a hang that
+      // ternary.kernel_soak reproduces, e.g. at M = 16384, K = 5504).
       // That wait needs the pad's previous round released. Where the k tiles are one more
       // than whole rounds of S, the last pad's previous round is the first held stage: that
       // pad is released after the store (waiting for it here would wait on a producer that
@@ -285,11 +286,8 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   if (splits < 1 || splits > 64 || (splits > 1 && ws == nullptr)) return cudaErrorInvalidValue;
   constexpr int kSmem = wgmma_big_smem<BNX, S>();
   auto kernel = fused_wgmma_big_kernel<T, BNX, S, false, ABL>;
-  // persistent only with 256-token tiles (lab, fourteenth session, us, one tile a block ->
-  // persistent, two runs each: 4096 x 4096 M=4096 186.8 / 189.7 -> 180.0 / 179.9, 4096 x 22016
-  // M=4096 1092.4 / 1093.5 -> 1083.1 / 1079.2, 4096 x 12288 M=1024 130.5 / 135.5 -> 129.2 /
-  // 129.3; with 128-token tiles it lost: 4096 x 22016 M=256 69.9 / 69.8 -> 73.0 / 73.2,
-  // 4096 x 6144 M=1024 70.8 / 71.2 -> 72.9 / 72.9)
+  // persistent only with 256-token tiles: there it gains 1-4 % over one tile a block, with
+  // 128-token tiles it loses 3-4 % (docs/kernels.md)
   auto persistent = fused_wgmma_big_kernel<T, BNX, S, BNX == kBigRows, ABL>;
   for (auto f : {kernel, persistent}) {
     const cudaError_t attr =
@@ -305,9 +303,8 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   // The call's first launch is plain (the kernel before it, another op's, triggers nothing,
   // so it gains nothing from early launch); the launches that follow it within this call (the
   // split tail after the whole tiles, the finish kernel after its split parts) are
-  // programmatic dependents (pdl_wait). Lab, sixteenth session, M = 64 after a plain copy
-  // kernel, us: 4096 x 22016 (tail split) 36.37 -> 33.73, 11008 x 4096 (split) 19.36 -> 17.61,
-  // 4096 x 6144 16.24 -> 14.72, 4096 x 4096 12.25 -> 10.75.
+  // programmatic dependents (pdl_wait): their prologues overlap the kernel before them, worth
+  // 7-12 % at M = 64 (docs/kernels.md).
   auto run = [&](int64_t tile0, int64_t count, int z, bool follows) {
     const bool p = wgmma_big_persistent(BNX, z, count, sms, k / kTileK);
     const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);

@@ -1,8 +1,8 @@
-// ---------------------------------------------------------------------------------------------
-// M 65-128 on Hopper (sm_90a): wgmma with the weights as the A operand, decoded straight into
-// registers, and x as B from shared memory (bench/NOTES.md, fifth session). The mma.sync
-// kernels above spend their time on matrix work at these M; wgmma has 2x the rate, and with A
-// in registers the decode writes no shared memory.
+// fused_wgmma_rs2_kernel ("wgmma_rs"), M 65-128 on Hopper (sm_90a): wgmma with the weights as
+// the A operand, decoded straight into registers, and x as B from shared memory
+// (docs/kernels.md). The mma.sync kernels (gemm_nt_kernel.cuh) spend their time on matrix work
+// at these M; wgmma has 2x the rate, and with A in registers the decode writes no shared
+// memory.
 // - One warpgroup takes a 64-channel slice (two repacked tiles), NWG of them a block, which
 //   shares BNX tokens of x (the wgmma's N).
 // - Lane (g, t) of a repacked tile holds channels 8 f + g at k 16 t .. 16 t + 15, and word s
@@ -18,8 +18,8 @@
 //   bytes); A of step kt + 1 is decoded while wgmma(kt) runs.
 // - Small grids split K (gridDim.z): each split stores its fp32 part in a workspace, and a
 //   second kernel sums the parts in a fixed order (deterministic) and adds the bias.
-// The body compiles only for sm_90a; wgmma_rs_compiled() tells the host whether the loaded
-// image has it.
+// The body compiles only for sm_90a; wgmma_rs_compiled() (route.cu) tells the host whether the
+// loaded image has it.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
