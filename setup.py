@@ -97,8 +97,10 @@ def _extension_kwargs() -> dict:
     else:
         cxx = ["-O3", "-g0", *prefix_maps]
         nvcc_host = [f"-Xcompiler={m}" for m in prefix_maps]
+    # every .cpp and .cu under csrc/ (csrc/fused/ holds one file per kernel family and its
+    # instances, so ninja compiles them in parallel)
     sources = sorted(str(p.relative_to(ROOT)) for pattern in ("*.cpp", "*.cu")
-                     for p in (ROOT / "csrc").glob(pattern))
+                     for p in (ROOT / "csrc").rglob(pattern))
     ext = CUDAExtension(
         name="ternary._C",
         sources=sources,

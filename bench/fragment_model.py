@@ -1,4 +1,4 @@
-"""A Python model of fused_decode_kernel's per-lane fragments (csrc/fused.cu): what each
+"""A Python model of fused_decode_kernel's per-lane fragments (csrc/fused/): what each
 lane of a warp puts in the A (weights) and B (x) registers of every m16n8k16, with the PTX
 layouts fused_gemm_kernel already relies on, and where the D registers are written. It checks
 the mapping, not the CUDA code: run it after changing either.

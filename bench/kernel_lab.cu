@@ -1,6 +1,8 @@
+#define TERNARY_TU kernel_lab_cu  // this file's namespace (common/tu.cuh)
 // Kernel lab: times variants of the fused kernels on raw CUDA (no torch), each checked
 // against a float64 host reference on fresh random data, so one device call compares many
-// variants without rebuilding the extension. It includes csrc/fused.cu itself: the variants
+// variants without rebuilding the extension. It includes the fused kernels' headers
+// (csrc/fused/*_kernel.cuh) and links their instance files (csrc/fused/*.cu): the variants
 // are the production templates with other parameters. Built here by bench/kernel_lab.sh,
 // run on the GPU machine:
 //   bench/kernel_lab [--shapes 4096x22016 ...] [--m 1 4 16] [--pick PREFIX ...] [--settle MS]
@@ -13,7 +15,12 @@
 // that long first (the clock the variant's own power draw settles at, as gemm_bench.py's).
 // A variant that has not finished after --hang-s seconds (default 30) ends the run with
 // "HUNG: <variant and shape>" and exit status 3 (ncu's --only runs wait without a limit).
-#include "../csrc/fused.cu"
+#include "../csrc/fused/decode_kernel.cuh"
+#include "../csrc/fused/gemm_kernel.cuh"
+#include "../csrc/fused/gemm_nt_kernel.cuh"
+#include "../csrc/fused/wgmma_big_kernel.cuh"
+#include "../csrc/fused/wgmma_rs_kernel.cuh"
+#include "../csrc/kernels.h"
 #include "cuda_check.cuh"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds bench/kernel_lab (bench/kernel_lab.cu: csrc/fused.cu's kernels timed and checked on raw
+# Builds bench/kernel_lab (bench/kernel_lab.cu: csrc/fused/'s kernels timed and checked on raw
 # CUDA, no torch) for the H200, sm_90a. Here, with any CUDA >= 12.4 nvcc (NVCC=... to choose);
 # the binary links the CUDA runtime statically, so it runs on the device machine as it is:
 #   bash bench/kernel_lab.sh, then in a device call carrying bench/kernel_lab:
@@ -14,5 +14,5 @@ if [ -z "$major" ] || [ "$major" -lt 12 ] || { [ "$major" -eq 12 ] && [ "$minor"
   echo "kernel_lab.sh: $NVCC is CUDA '$major.$minor'; sm_90a needs CUDA >= 12.4" >&2; exit 2
 fi
 "$NVCC" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-  bench/kernel_lab.cu csrc/pack.cu -o "${LAB_OUT:-bench/kernel_lab}"
+  bench/kernel_lab.cu csrc/pack.cu csrc/fused/*.cu -o "${LAB_OUT:-bench/kernel_lab}"
 echo "${LAB_OUT:-bench/kernel_lab} built with $NVCC (CUDA $major.$minor)"

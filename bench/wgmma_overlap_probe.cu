@@ -1,3 +1,4 @@
+#define TERNARY_TU wgmma_overlap_probe_cu  // this file's namespace (common/tu.cuh)
 // Does wgmma_big's decode overlap tensor work issued by another warp on the same SM, and does
 // that depend on the wgmma's N (tokens)? The production ablations (tenth, fifteenth session)
 // show that at 64 tokens a k tile costs the decode's time plus the tensor time, while at 256
@@ -22,7 +23,8 @@
 //        bench/wgmma_overlap_probe.cu -o bench/wgmma_overlap_probe
 // and run on the GPU machine (carry the binary): bench/wgmma_overlap_probe [iters]. Prints a
 // table.
-#include "../csrc/fused.cu"
+#include "../csrc/common/mma.cuh"
+#include "../csrc/common/wgmma.cuh"
 #include "cuda_check.cuh"
 
 #include <cstdio>
@@ -42,7 +44,7 @@ using bf16 = __nv_bfloat16;
 enum Role { kIdle = 0, kT = 1, kD = 2, kTD = 3, kDP = 4, kTDP = 5, kDR = 6, kTDR = 7, kTS = 8 };
 constexpr int kRawBytes = 8192;
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // fused.cu's wgmma helpers exist in the sm_90a pass only
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // common/wgmma.cuh's helpers exist in the sm_90a pass only
 __device__ __forceinline__ void probe_decode_private(const uint2& q, uint32_t (&a)[4][4]) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {

@@ -25,8 +25,8 @@ cudaError_t launch_gemm(const void* x, int64_t ldx, const uint8_t* packed, const
                         const void* bias, void* y, DType dtype, int64_t m, int64_t n, int64_t k,
                         int64_t group_size, bool per_tensor, cudaStream_t stream);
 
-// Fused path (fused.cu). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout that file
-// describes; launch_repack writes it from the canonical packed [n, k/4].
+// Fused path (fused/). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout
+// common/layout.cuh describes; launch_repack writes it from the canonical packed [n, k/4].
 cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,
                           cudaStream_t stream);
 // The inverse: repacked -> canonical packed uint8 [n, k/4] (k a multiple of 4).

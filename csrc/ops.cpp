@@ -20,8 +20,8 @@ namespace ternary {
 namespace {
 
 // TORCH_CHECK messages are assembled here as plain strings: on the H200 image, streaming an
-// integer or bool into c10::str from this library crashed inside std::num_put (libstdc++
-// facets of two different builds; seen as a segfault in _M_insert<long>), so integers, bools
+// integer or bool into c10::str from this library crashes inside std::num_put (libstdc++
+// facets of two different builds: a segfault in _M_insert<long>), so integers, bools
 // and shapes never reach an ostream.
 inline std::string to_text(const char* s) { return s; }
 inline std::string to_text(const std::string& s) { return s; }
@@ -73,7 +73,7 @@ void check_packed(const at::Tensor& packed) {
 }
 
 // Returns (per_tensor) after checking scale against N, K and group_size.
-// The repacked weight of an n x K layer: uint8 [ceil(n/32), ceil(K/64), 512] (fused.cu).
+// The repacked weight of an n x K layer: uint8 [ceil(n/32), ceil(K/64), 512] (common/layout.cuh).
 // k_from says where K came from, for the message.
 void check_repacked(const at::Tensor& repacked, int64_t n, int64_t k, const char* k_from) {
   TORCH_CHECK(repacked.scalar_type() == at::kByte && repacked.dim() == 3 &&
@@ -316,8 +316,8 @@ at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor
 // TERNARY_LARGE_M_MAX=N: above max_m, linear_fused takes the large-M fused kernel only up to
 // N rows and dequantizes + cuBLAS above (unset or 0: no limit). Read at each call above
 // max_m (a getenv against a kernel of 30 us or more), so a process can set it after import.
-// (The vLLM plugin set 8192 at tensor parallel > 1 while the persistent wgmma_big kernel could
-// hang; since that was fixed in the twenty-second session nothing sets it: bench/NOTES.md.)
+// (Nothing sets it by default; it keeps the largest calls off the persistent wgmma_big kernel
+// where that is wanted, e.g. while bisecting a hang: docs/kernels.md.)
 int64_t large_m_cap() {
   const char* v = std::getenv("TERNARY_LARGE_M_MAX");
   if (v == nullptr || *v == '\0') return INT64_MAX;
@@ -355,7 +355,7 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
   const int64_t m = k > 0 ? x.numel() / k : 0;
   if (max_m < 0 || m <= max_m) return gemm_fused_cuda(x, repacked, scale, group_size, n, bias);
   if (m <= large_m_cap()) {
-    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused.cu: where);
+    // above max_m only the Hopper wgmma_big kernel beats dequantize + cuBLAS (fused/route.cu);
     // up to TERNARY_LARGE_M_MAX rows (large_m_cap)
     const c10::cuda::CUDAGuard guard(x.device());
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

@@ -23,7 +23,7 @@ LIB.define("pack(Tensor codes) -> Tensor")
 LIB.define("unpack(Tensor packed) -> Tensor")
 LIB.define("dequantize(Tensor packed, Tensor scale, int group_size, ScalarType dtype) -> Tensor")
 LIB.define("gemm(Tensor x, Tensor packed, Tensor scale, int group_size, Tensor? bias) -> Tensor")
-# The fused kernel's own weight layout (csrc/fused.cu explains it), made once at load time.
+# The fused kernel's own weight layout (csrc/common/layout.cuh explains it), made once at load time.
 LIB.define("repack(Tensor packed) -> Tensor")
 LIB.define("unrepack(Tensor repacked, int n, int k) -> Tensor")
 # dequantize's output straight from the tiles: the large-M route needs no canonical copy
@@ -283,7 +283,7 @@ def _gemm_ref(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_
     return y.to(x.dtype)
 
 
-# Index order of the repacked tile (csrc/fused.cu): n = 32 nt + 8 f + g,
+# Index order of the repacked tile (csrc/common/layout.cuh): n = 32 nt + 8 f + g,
 # k = 64 kt + 16 t + 4 w + 2 r + h; bytes ordered [nt, kt, g, t, w, h, f // 2], four codes per
 # byte ordered [f % 2, r], LSB first.
 _CODES_DIMS = "nt f g kt t w r h"

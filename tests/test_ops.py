@@ -35,7 +35,7 @@ def test_pack_unpack_repack_round_trip(n, k):
 
 
 def test_repack_layout_matches_the_kernel_index_formula():
-    """csrc/fused.cu's repack_kernel computes each byte from this formula; the reference's
+    """csrc/fused/repack.cu's repack_kernel computes each byte from this formula; the reference's
     permutation must agree with it everywhere."""
     n, k = 40, 132
     codes = _codes(n, k, seed=1)

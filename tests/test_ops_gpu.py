@@ -407,7 +407,7 @@ def test_dequantize_repacked_matches_dequantize_bit_for_bit(dtype):
 def test_decode_kernel_every_warp_count_and_scale(m):
     """fused_decode_kernel (M <= 8: one batch block, M <= 16: two): 4, 8 and 16 warps a block
     (K 8192 with few tiles of N gives 16), channel and tensor scale, ragged N, bias, against
-    float64. At M <= 8 the first four N stage x in shared memory where it fits (csrc/fused.cu,
+    float64. At M <= 8 the first four N stage x in shared memory where it fits (decode_kernel.cuh,
     launch_decode: 32 KB a block, two blocks an SM; K of 13 tiles leaves the warps unequal
     steps), the last two (three blocks an SM) do not. At M > 8 (launch_fused_typed) more tiles
     than SMs take two n tiles a warp step, with an odd last tile here, except grids of 2-3
@@ -469,7 +469,7 @@ def _hopper_route_expected() -> bool:
 
 @pytest.mark.parametrize("m", [33, 40, 49, 64, 65, 97, 100, 128])
 def test_mid_m_routes_match_float64(m):
-    """M 33-128 on Hopper (csrc/fused.cu, pick_route): wgmma_big with 64-token tiles to
+    """M 33-128 on Hopper (csrc/fused/route.cu, pick_route): wgmma_big with 64-token tiles to
     M = 64 and 128-token tiles above, where its grid (K split 2 or 4 ways to get there) makes
     half a wave: unsplit, split, and the tiles of a partial last wave split (M 33-48 too).
     Grids under half a wave keep wgmma_rs (M 65-128:
@@ -505,7 +505,7 @@ def test_mid_m_routes_match_float64(m):
 @pytest.mark.parametrize("m", [129, 300, 1000])
 def test_wgmma_big_route_matches_float64(m):
     """M > 128 on Hopper where the 256-token x 128-channel blocks make half a wave: the TMA
-    kernel (csrc/fused.cu, fused_wgmma_big_kernel). A ragged last row block, N off a multiple
+    kernel (csrc/fused/wgmma_big_kernel.cuh). A ragged last row block, N off a multiple
     of 128 (partial channel block), K padded to a tile and K of one tile; where the 256-token
     blocks alone make an eighth of a wave (K split 4 ways would make half), 128-token tiles
     with K split 2 or 4 ways; K split only for the tiles past a whole wave,
@@ -666,7 +666,7 @@ def test_persistent_large_m_kernel_over_every_ring_residue(k_tiles):
     6-stage ring (pad stages) and holds a tile's last two stages for its output. K of 7, 9,
     10, 11, 12 and 43 k tiles (43: Llama-2-7B's down_proj at TP=4) cover every remainder mod
     6. One more than whole rounds (7, 43) is the case where the last pad's previous round is a
-    held stage, released only after the store (fused.cu): waiting for it before the store
+    held stage, released only after the store (csrc/fused/): waiting for it before the store
     deadlocked. Each takes the persistent kernel, must finish and match float64, a block
     taking several tiles."""
     from ternary import _ext

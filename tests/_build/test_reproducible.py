@@ -158,10 +158,12 @@ def test_reproduce_real_builds(target, args, tmp_path):
 def test_no_anonymous_namespace_in_cuda_sources():
     """cudafe++ names an anonymous namespace after a hash of the file's path, which lands in
     every kernel symbol of the fatbin (measured: _GLOBAL__N__48d31452 under one directory,
-    _GLOBAL__N__c90d2b02 under another): .cu files use named inline namespaces."""
-    offenders = [p.name for p in sorted((matrix.REPO / "csrc").glob("*.cu"))
-                 if "namespace {" in p.read_text()]
-    assert offenders == [], f"{offenders}: use `inline namespace <file>_cu {{` instead"
+    _GLOBAL__N__c90d2b02 under another): sources and the headers they include use named
+    inline namespaces."""
+    offenders = [str(p.relative_to(matrix.REPO)) for p in sorted((matrix.REPO / "csrc").rglob("*"))
+                 if p.suffix in (".cu", ".cuh", ".h") and "namespace {" in p.read_text()]
+    assert offenders == [], (f"{offenders}: use `inline namespace TERNARY_TU {{` "
+                             "(csrc/common/tu.cuh) instead")
 
 
 def test_default_nvcc_flags_carry_no_lineinfo_and_map_the_paths():

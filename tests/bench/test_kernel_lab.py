@@ -1,5 +1,6 @@
-"""bench/kernel_lab.cu includes csrc/fused.cu and instantiates its templates with other
-parameters: it must keep compiling as the kernels change (it runs only on a GPU machine)."""
+"""bench/kernel_lab.cu includes the kernel headers of csrc/fused/ and instantiates their templates
+with other parameters: it must keep compiling as the kernels change (it runs only on a GPU
+machine)."""
 
 import os
 import shutil
