@@ -43,7 +43,7 @@ M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
 MIN_REPLAYS = 3
-METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "gemlite")
+METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "gemlite")
 
 
 @dataclass
@@ -259,6 +259,10 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                     "cublas_path": [lambda p=p, s=s, x=x: torch.mm(
                         x, ops.dequantize(p, s, 0, dtype).t()) for p, s in zip(packed, scales)],
                     "cublas_dense": [lambda w=w, x=x: torch.mm(x, w.t()) for w in dense],
+                    # an int8_per_token layer as the plugin runs it: x quantized per token,
+                    # the same route on the integer-valued x, divided by the token scales
+                    "a8": [lambda p=p, x=x, c=choice: ops.linear_a8(
+                        x, lambda q: c.apply(q, p, None)) for p in auto_prep],
                 }
                 if layers is not None:
                     cases["gemlite"] = [lambda lay=lay, x=x: lay(x) for lay in layers]
@@ -299,8 +303,10 @@ def render(result: dict) -> None:
     t = Table(title=(f"{meta['device']}: ternary gemm, {meta['dtype']}, CUDA graphs, weights "
                      f"rotated past L2; copy {meta['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 mm "
                      f"{meta['bf16_mm_flops'] / 1e12:.0f} TFLOP/s; times in us"))
+    a8 = any(r["us"].get("a8") for r in result["rows"])
     for col in ("K x N", "M", "fused (kernel)", "auto (policy)", "cuBLAS bf16", "dequant+mm",
-                "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %"):
+                "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %",
+                *(("A8 route", "A8 x cuBLAS") if a8 else ())):
         t.add_column(col, justify="right")
 
     def f(v):
@@ -316,11 +322,16 @@ def render(result: dict) -> None:
                   f(cb), f(us.get("cublas_path")), f(gl),
                   f"{cb / au:.2f}" if cb and au else "-", f"{gl / au:.2f}" if gl and au else "-",
                   f"{floor:.1f}{'' if r['floor_bw_us'] >= r['floor_compute_us'] else ' (c)'}",
-                  f"{100 * floor / au:.0f}" if au else "-")
+                  f"{100 * floor / au:.0f}" if au else "-",
+                  *((f(us.get("a8")), f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-")
+                    if a8 else ()))
     console = Console(width=160)
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
+    if a8:
+        console.print("A8 route: an int8_per_token layer as the plugin runs it (per-token int8 "
+                      "quantize, `auto` on the integer-valued x, divide by the token scales)")
     if meta.get("settle_s") and not meta.get("sustain_s"):
         console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at "
                       "the lower clock the previous cell's power draw left")

@@ -265,7 +265,7 @@ def test_bench_json_on_a_gpu(tmp_path, capsys):
     assert [(r["k"], r["n"], r["m"]) for r in result["rows"]] == [(256, 320, 1), (256, 320, 64)]
     assert result["meta"]["window_ms"] == 20.0
     for r in result["rows"]:
-        for method in ("fused", "auto", "cublas_path", "cublas_dense"):
+        for method in ("fused", "auto", "cublas_path", "cublas_dense", "a8"):
             assert 0 < r["us"][method] < 1e4, (method, r)
             # three replays of a few copies of a tiny call: well inside the window
             assert 0 < r["timed_ms"][method] < 20.0, (method, r)
@@ -273,4 +273,5 @@ def test_bench_json_on_a_gpu(tmp_path, capsys):
     assert result["meta"]["copy_bandwidth_Bps"] > 1e11 and result["meta"]["bf16_mm_flops"] > 1e12
     capsys.readouterr()
     assert cli.main(["bench", "--render", str(path)]) == 0
-    assert "256 x 320" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "256 x 320" in out and "A8 x cuBLAS" in out
