@@ -9,6 +9,8 @@ generator and absmean-quantized, so the same arguments always write the same byt
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -115,9 +117,6 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     """Writes the tiny model to `out` and returns it. `intermediate_size` replaces the MLP
     width (a multiple of 4), e.g. to write a model whose down_proj K does not split into
     packed bytes across tensor-parallel ranks."""
-    from safetensors.torch import save_file
-
-
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {list(FORMATS)}")
     if scale not in SCALES:
@@ -142,7 +141,44 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     if others:
         raise ValueError(f"{out} holds another model's weights ({', '.join(others[:3])}"
                          f"{', ...' if len(others) > 3 else ''}); choose an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    from ternary.formats.files import remove_stale_temp_dirs, temp_dir_for
+
+    for msg in remove_stale_temp_dirs(out, "making"):  # of a make-tiny killed half-way
+        print(f"make-tiny: {msg}", file=sys.stderr)
+    final, out = out, temp_dir_for(out, "making")
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _write(out, fmt, scale, group_size, seed, shape)
+        _install(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return final
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """`tmp` becomes `final` by renames: an earlier make-tiny model there (only files this
+    writer writes) is moved aside first and removed after, so `final` never holds a mix."""
+    if final.exists():
+        extra = sorted({p.name for p in final.iterdir()} - {p.name for p in tmp.iterdir()})
+        if extra:
+            raise ValueError(f"{final} holds files make-tiny does not write ({', '.join(extra[:3])}"
+                             f"{', ...' if len(extra) > 3 else ''}); choose an empty directory")
+        old = final.with_name(tmp.name.replace(".making-", ".replaced-"))
+        final.replace(old)
+        tmp.replace(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.replace(final)
+
+
+def _write(out: Path, fmt: str, scale: str, group_size: int, seed: int, shape: dict) -> None:
+    from safetensors.torch import save_file
+
+    from ternary.formats.files import test_pause
+
+    out.mkdir(parents=True)
     vocab = train_tokenizer(out)
     d = _dims(shape)
     g = torch.Generator().manual_seed(seed)
@@ -174,6 +210,7 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
                 codes, s = _absmean(w, 1 if scale == "channel" else None)
                 enc = canonical.encode(codes, s.reshape(-1))
             tensors.update({f"{p}.{mod}.{suffix}": t for suffix, t in enc.items()})
+    test_pause()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     if fmt == "bitnet":
@@ -191,4 +228,4 @@ def make(out: Path, fmt: str = "ternary", scale: str = "channel", group_size: in
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
-    return out
+    test_pause()
