@@ -212,9 +212,15 @@ def build_tarball(target: matrix.Target | str, wheel: str | os.PathLike, out: st
                                 "under WSL2 it shadows the Windows driver's stub in "
                                 "/usr/lib/wsl/lib: remove the package that brought it")
         with _step(f"tar.gz {out}"):
-            _run(["tar", "--numeric-owner", "--use-compress-program", "gzip -1", "-C",
-                  str(root), "-cf", str(out) + ".part", "."], "tar.gz")
-            os.replace(str(out) + ".part", out)
+            # written under a temporary name, renamed when complete: a killed or failed
+            # build never leaves a tarball with the final name
+            part = Path(f"{out}.part-{os.getpid()}")
+            try:
+                _run(["tar", "--numeric-owner", "--use-compress-program", "gzip -1", "-C",
+                      str(root), "-cf", str(part), "."], "tar.gz")
+                os.replace(part, out)
+            finally:
+                part.unlink(missing_ok=True)
     print(f"wrote {out} ({out.stat().st_size / 2**20:.0f} MiB)", file=sys.stderr)
     return out
 
