@@ -10,6 +10,9 @@ def add_arguments(p) -> None:
                    help="one server, three faults (dropped streams, flood, SIGKILL of the "
                         "engine): what .ci/run runs")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--only", default="", metavar="FAULTS",
+                   help="comma-separated subset of the full matrix: streams, flood, sigterm, "
+                        "engine, worker, server (sigterm always runs with the first three)")
     p.add_argument("--load", action="store_true",
                    help="instead: 2,000 requests from 128 clients (a fifth malformed) on each "
                         "model, p50/p99, then a memory soak (slow: not for CI)")
@@ -28,4 +31,5 @@ def run(args) -> int:
     return fault_matrix.main(args.short, args.json, load=args.load, soak_s=args.soak_s,
                              total=args.requests, clients=args.clients,
                              formats=tuple(f for f in args.formats.split(",") if f),
-                             work=args.work, health_timeout=args.health_timeout)
+                             work=args.work, health_timeout=args.health_timeout,
+                             only=tuple(f for f in args.only.split(",") if f))

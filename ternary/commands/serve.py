@@ -10,7 +10,8 @@ processes started by spawn import that module, never this one.
 That server runs under a supervisor (ternary.tools.supervise): `ternary serve` starts itself
 again as its child, marked TERNARY_SERVE_CHILD=1, and watches the whole tree. When the engine
 or a worker dies, the server is stopped, one line names the process and how it died, and
-the exit status is non-zero; SIGTERM drains (vLLM's shutdown) and exits 0; no process of the
+the exit status is non-zero; SIGTERM drains (vLLM's shutdown, given --shutdown-timeout
+DRAIN_S where vLLM has the option and it is not set) and exits 0; no process of the
 tree outlives the supervisor, even one killed with SIGKILL.
 """
 
@@ -22,6 +23,7 @@ import runpy
 import sys
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DRAIN_S = 30  # requests in flight at SIGTERM get this long; the supervisor waits longer
 
 
 def add_arguments(p) -> None:
@@ -45,6 +47,20 @@ def tensor_parallel(vllm_args: list[str]) -> int:
         return max(1, int(found)) if found is not None else 1
     except ValueError:
         return 1
+
+
+def drain(vllm_args: list[str]) -> list[str]:
+    """`--shutdown-timeout DRAIN_S` where vLLM has it (0.32: 0, its default, aborts the
+    requests in flight at SIGTERM; N > 0 lets them finish for N s) and it is not given."""
+    if any(a.split("=")[0] in ("--shutdown-timeout", "--shutdown_timeout") for a in vllm_args):
+        return []
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return []
+    if "shutdown_timeout" not in getattr(EngineArgs, "__dataclass_fields__", {}):
+        return []  # older vLLMs: no such option
+    return ["--shutdown-timeout", str(DRAIN_S)]
 
 
 def run(args) -> int:
@@ -80,7 +96,7 @@ def serve_in_process(args) -> int:
     except RuntimeError as e:  # a vLLM the plugin does not support
         print(f"ternary serve: {e}", file=sys.stderr)
         return 2
-    sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args]
+    sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args, *drain(args.vllm_args)]
     try:
         runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as e:

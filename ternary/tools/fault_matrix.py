@@ -283,9 +283,10 @@ class Bench:
             self.refs[fmt] = baseline(server.base, prompts(self.n_prompts))
         return server
 
-    def kill(self, tag: str, victim: str) -> Row:
-        """SIGKILL of the engine core, the worker or the server, under load from 8 clients."""
-        server = self.start(tag)
+    def kill(self, tag: str, victim: str, server: Server | None = None) -> Row:
+        """SIGKILL of the engine core, the worker or the server, under load from 8 clients
+        (on `server`, or a new one)."""
+        server = server or self.start(tag)
         ref = self.refs["ternary"]
         load = Load(server.base, ref, 8)
         time.sleep(2)
@@ -302,7 +303,8 @@ class Bench:
         left = leftovers(before)
         _kill(left)
         server.log.close()
-        line = [ln for ln in server.log_path.read_text(errors="replace").splitlines() if "died:" in ln]
+        log = server.log_path.read_text(errors="replace")
+        line = [ln for ln in log.splitlines() if "died:" in ln]
         detail = line[0] if line else "no 'died:' line in the server log"
         expect = "killed" if victim == "server" else "non-zero"
         if victim != "server" and not line:
@@ -378,42 +380,39 @@ def _row_ok(row: Row) -> bool:
     return row.ok
 
 
-def matrix(work: Path, short: bool, say, health_timeout: float = HEALTH_TIMEOUT_S) -> list[Row]:
+KILLS = {"engine": ("SIGKILL engine core (8 clients)", "VLLM::EngineCor"),
+         "worker": ("SIGKILL worker (8 clients)", "VLLM::Worker"),
+         "server": ("SIGKILL server (8 clients)", "server")}
+FAULTS = ("streams", "flood", "sigterm", *KILLS)
+
+
+def matrix(work: Path, short: bool, say, health_timeout: float = HEALTH_TIMEOUT_S,
+           only: tuple[str, ...] = ()) -> list[Row]:
     b = Bench(work, say, health_timeout)
     rows = []
     if short:
         server = b.start("short")
         rows.append(b.drop_streams(server, 200))
         rows.append(b.flood(server))
-        ref = b.refs["ternary"]
-        load = Load(server.base, ref, 8)
-        time.sleep(2)
-        engine = find(server, "VLLM::EngineCor")
-        before = descendants(server.proc.pid) | {server.proc.pid}
-        t0 = time.monotonic()
-        os.kill(engine, signal.SIGKILL)
-        code, took = wait_exit(server, t0)
-        results = load.stop()
-        left = leftovers(before)
-        _kill(left)
-        server.log.close()
-        line = [ln for ln in server.log_path.read_text(errors="replace").splitlines() if "died:" in ln]
-        rows.append(Row("SIGKILL engine core (8 clients)", code if line else None, took,
-                        len(left), len(wrong(results, ref)), len(results), "non-zero",
-                        (line[0] if line else "no 'died:' line")[:160]))
+        rows.append(b.kill(*KILLS["engine"], server=server))
         return rows
-    server = b.start("serve")
-    rows.append(b.drop_streams(server, 200))
-    rows.append(b.flood(server))
-    rows.append(b.sigterm_under_load(server))
-    rows.append(b.kill("SIGKILL engine core (8 clients)", "VLLM::EngineCor"))
-    rows.append(b.kill("SIGKILL worker (8 clients)", "VLLM::Worker"))
-    rows.append(b.kill("SIGKILL server (8 clients)", "server"))
+    only = set(only or FAULTS)
+    if only & {"streams", "flood", "sigterm"}:
+        server = b.start("serve")
+        if "streams" in only:
+            rows.append(b.drop_streams(server, 200))
+        if "flood" in only:
+            rows.append(b.flood(server))
+        rows.append(b.sigterm_under_load(server))  # it also stops this server
+    for key, (tag, victim) in KILLS.items():
+        if key in only:
+            rows.append(b.kill(tag, victim))
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    head = "| fault | exit code | s to exit | processes left | valid lost | requests | ok | detail |"
+    head = ("| fault | exit code | s to exit | processes left | valid lost | requests | ok "
+            "| detail |")
     out = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r.fault} | {'alive' if r.expect_exit == 'alive' else r.exit_code} | "
@@ -496,7 +495,8 @@ def load_run(b: Bench, fmt: str, total: int, clients: int, soak_s: float) -> Loa
 
 def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
          total: int = 2000, clients: int = 128, formats: tuple[str, ...] = ("ternary", "bitnet"),
-         work: Path | None = None, health_timeout: float = HEALTH_TIMEOUT_S) -> int:
+         work: Path | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
+         only: tuple[str, ...] = ()) -> int:
     supervise._prctl(supervise.PR_SET_CHILD_SUBREAPER, 1)  # orphans come here, counted
     cpu_env_defaults()
     work = work or Path(tempfile.mkdtemp(prefix="ternary-faults-"))
@@ -523,7 +523,7 @@ def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
                       f"{r.pss_1min_kib / 1024:.0f} | {r.pss_end_kib / 1024:.0f} | "
                       f"{100 * r.growth:+.1f} % | {'ok' if r.ok else 'FAIL'} |")
         return 0 if all(r.ok for r in runs) else 1
-    rows = matrix(work, short, say, health_timeout)
+    rows = matrix(work, short, say, health_timeout, only)
     if as_json:
         print(json.dumps([dict(dataclasses.asdict(r), ok=_row_ok(r)) for r in rows], indent=2))
     else:

@@ -48,6 +48,7 @@ DEATHS = "TERNARY_SUPERVISED_DEATHS"
 HOOK_DIR = Path(__file__).resolve().parent / "tree_hook"
 WATCH_S = 0.1
 STOP_GRACE_S = 3.0
+DEATH_GRACE_S = 1.0
 DRAIN_S = 60.0
 # processes whose disappearance while the server lives is a failure, whatever their status
 VITAL = ("VLLM", "EngineCore", "multiprocessing.spawn", "multiprocessing.resource_tracker",
@@ -386,7 +387,8 @@ class Supervisor:
                     self.say(f"{self.label}: {self.stopping}: stopping the server (at most "
                              f"{self.drain_s:.0f} s for requests in flight)")
                 if child is not None or time.monotonic() > drain_deadline:
-                    left = kill_tree(self._tree(settle=2.0), pgid, grace=STOP_GRACE_S, reap=self._reap)
+                    left = kill_tree(self._tree(settle=2.0), pgid, grace=STOP_GRACE_S,
+                                     reap=self._reap)
                     child = self._child_status()
                     if child is None:
                         self.say(f"{self.label}: the server did not stop within "
@@ -413,6 +415,7 @@ class Supervisor:
                                  f"{sorted(left)}")
                         return 1
                 self.say(death.line(self.label))
-                kill_tree(self._tree(), pgid, reap=self._reap)
+                # the tree is broken already: a short grace keeps the exit within seconds
+                kill_tree(self._tree(), pgid, grace=DEATH_GRACE_S, reap=self._reap)
                 return exit_code(death.status)
             time.sleep(WATCH_S)
