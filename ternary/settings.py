@@ -71,6 +71,9 @@ VARS: tuple[Var, ...] = (
     Var("TERNARY_SUPERVISED_DEATHS", "", "a file where every Python process of a supervised "
         "tree appends `pid status` for each child it reaps, so the supervisor can say how a "
         "process its parent reaped died; set by the supervisor", "tools"),
+    Var("TERNARY_SUPERVISED_DRAINING", "", "a file the supervisor creates when it is asked "
+        "to stop; while it exists `ternary serve`'s middleware (ternary.vllm.drain) answers "
+        "new API requests 503; set by the supervisor", "tools"),
     Var("TERNARY_TEST_SLOW_WRITE_S", "0", "tests only: convert and make-tiny sleep this long "
         "after each tensor (and make-tiny before its rename), so a test can kill them "
         "half-way", "tools"),

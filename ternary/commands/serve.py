@@ -51,7 +51,8 @@ def tensor_parallel(vllm_args: list[str]) -> int:
 
 def drain(vllm_args: list[str]) -> list[str]:
     """`--shutdown-timeout DRAIN_S` where vLLM has it (0.32: 0, its default, aborts the
-    requests in flight at SIGTERM; N > 0 lets them finish for N s) and it is not given."""
+    requests in flight at SIGTERM; N > 0 lets them finish for N s) and it is not given, and
+    the middleware that answers requests arriving during the drain 503 (vLLM: 500)."""
     if any(a.split("=")[0] in ("--shutdown-timeout", "--shutdown_timeout") for a in vllm_args):
         return []
     try:
@@ -60,7 +61,8 @@ def drain(vllm_args: list[str]) -> list[str]:
         return []
     if "shutdown_timeout" not in getattr(EngineArgs, "__dataclass_fields__", {}):
         return []  # older vLLMs: no such option
-    return ["--shutdown-timeout", str(DRAIN_S)]
+    return ["--shutdown-timeout", str(DRAIN_S),
+            "--middleware", "ternary.vllm.drain.reject_while_draining"]
 
 
 def run(args) -> int:

@@ -324,13 +324,18 @@ class Bench:
         left = leftovers(before)
         _kill(left)
         server.log.close()
-        # in flight at the signal: answered (exactly) or 503, nothing else
+        # in flight at the signal: answered (exactly) or 503; sent after it: 503 or refused
         inflight = [r for r in results if r.start < t0]
-        lost = [r for r in inflight if r.status not in (200, 503)] + wrong(results, ref)
+        later = [r for r in results if r.start >= t0]
+        lost = ([r for r in inflight if r.status not in (200, 503)]
+                + [r for r in later if r.status not in (None, 200, 503)] + wrong(results, ref))
         answered = sum(r.status == 200 for r in inflight)
         return Row("SIGTERM under load (16 clients)", code, took, len(left), len(lost),
-                   len(results), "0", f"{answered}/{len(inflight)} in flight or before answered; "
-                   f"{sum(r.status == 503 for r in inflight)} got 503")
+                   len(results), "0", f"{answered}/{len(inflight)} sent before it answered, "
+                   f"{sum(r.status == 503 for r in inflight)} 503; after it: "
+                   f"{sum(r.status == 503 for r in later)} 503, "
+                   f"{sum(r.status is None for r in later)} refused, "
+                   f"{sum(r.status not in (None, 200, 503) for r in later)} other")
 
     def drop_streams(self, server: Server, n: int = 200) -> Row:
         """`n` streaming requests opened, their first bytes read, the sockets closed; then

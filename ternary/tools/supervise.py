@@ -20,8 +20,9 @@ The supervisor (Linux):
   disappears at all, stops the server: one line `<label>: <name> (pid N) died: <how>;
   stopping the server`, SIGTERM to the tree, STOP_GRACE_S, SIGKILL to every process left and
   the process group; exit status 128+signal or the exit code (1 when it was 0);
-- SIGTERM/SIGINT to the supervisor: SIGTERM to the child only (vLLM drains and stops its
-  own processes), at most DRAIN_S, then SIGKILL to what is left; exit 0 only when the child
+- SIGTERM/SIGINT to the supervisor: the draining marker (TERNARY_SUPERVISED_DRAINING: new
+  requests get 503, ternary.vllm.drain), DRAIN_NOTICE_S later SIGTERM to the child only (vLLM
+  drains the requests in flight and stops its own processes), at most DRAIN_S, then SIGKILL to what is left; exit 0 only when the child
   exited 0 and nothing of the tree was left to kill.
 """
 
@@ -45,6 +46,8 @@ PR_SET_CHILD_SUBREAPER = 36
 MARK = "TERNARY_SUPERVISED"
 PARENT = "TERNARY_SUPERVISED_PARENT"
 DEATHS = "TERNARY_SUPERVISED_DEATHS"
+DRAINING = "TERNARY_SUPERVISED_DRAINING"
+DRAIN_NOTICE_S = 0.5  # between the draining marker and SIGTERM: requests past it reach vLLM
 HOOK_DIR = Path(__file__).resolve().parent / "tree_hook"
 WATCH_S = 0.1
 STOP_GRACE_S = 3.0
@@ -255,10 +258,13 @@ class Supervisor:
         os.close(fd)
         self.deaths_offset = 0
         self.env = supervised_env(env, self.deaths_path)
+        self.draining_path = self.deaths_path[:-len(".reaped")] + ".draining"
+        self.env[DRAINING] = self.draining_path
         self.stdout, self.stderr = stdout, stderr
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.proc: subprocess.Popen | None = None
         self.stopping: str | None = None  # the signal that asked us to stop
+        self.forward_at: float | None = None  # when to pass SIGTERM on
         self.known: dict[int, str] = {}  # pid -> name, the tree as last seen
         self.parents: dict[int, int] = {}  # pid -> its parent when last seen alive
         self.reaped: dict[int, int] = {}  # pid -> wait status (reaped here or in the tree)
@@ -349,6 +355,13 @@ class Supervisor:
     def _on_signal(self, signum, _frame) -> None:
         if self.stopping is None:
             self.stopping = signal.Signals(signum).name
+            Path(self.draining_path).touch()  # new requests: 503 (ternary.vllm.drain)
+            self.forward_at = time.monotonic() + DRAIN_NOTICE_S
+
+    def _forward(self) -> None:
+        """SIGTERM to the server, DRAIN_NOTICE_S after the draining marker."""
+        if self.forward_at is not None and time.monotonic() >= self.forward_at:
+            self.forward_at = None
             if self.proc is not None and self.proc.returncode is None:
                 try:
                     os.kill(self.proc.pid, signal.SIGTERM)
@@ -373,6 +386,7 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
             Path(self.deaths_path).unlink(missing_ok=True)
+            Path(self.draining_path).unlink(missing_ok=True)
 
     def _watch(self) -> int:
         pgid = self.proc.pid
@@ -382,6 +396,7 @@ class Supervisor:
             death = self._scan()
             child = self._child_status()
             if self.stopping is not None:
+                self._forward()
                 if drain_deadline is None:
                     drain_deadline = time.monotonic() + self.drain_s
                     self.say(f"{self.label}: {self.stopping}: stopping the server (at most "

@@ -166,3 +166,25 @@ def test_real_vllm_cpu_server_engine_sigkill(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     rows = json.loads(r.stdout)
     assert [row["ok"] for row in rows] == [True, True, True], rows
+
+
+def test_sigterm_marks_draining_before_the_server_gets_it(tmp_path):
+    """ternary.vllm.drain answers 503 while the marker exists: it must exist before vLLM
+    starts its shutdown (the SIGTERM the supervisor forwards)."""
+    out = tmp_path / "seen"
+    script = ("import os, signal, sys, time\n"
+              "def on(*_):\n"
+              f"    open({str(out)!r}, 'w').write(str(os.path.exists("
+              "os.environ['TERNARY_SUPERVISED_DRAINING'])))\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, on)\n"
+              "time.sleep(60)\n")
+    code = ("import sys; from ternary.tools.supervise import Supervisor; "
+            f"sys.exit(Supervisor([sys.executable, '-c', {script!r}], label='t').run())")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert out.read_text() == "True"
