@@ -22,5 +22,7 @@ async def reject_while_draining(request, call_next):
         return JSONResponse(
             {"error": {"message": "the server is shutting down (SIGTERM): retry elsewhere or "
                                   "later", "type": "ServiceUnavailableError", "code": 503}},
-            status_code=503, headers={"Retry-After": "5"})
+            # close: uvicorn's shutdown waits for every open connection, and a keep-alive
+            # client that keeps sending would hold it open forever
+            status_code=503, headers={"Retry-After": "5", "Connection": "close"})
     return await call_next(request)
