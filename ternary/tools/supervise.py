@@ -419,8 +419,7 @@ class Supervisor:
                     return 1 if left else 0
             elif death is not None or child is not None:
                 if death is None or death.pid == self.proc.pid:  # the server itself ended
-                    death = Death(self.proc.pid, death.name if death else
-                                  proc_name(self.proc.pid), child)
+                    death = Death(self.proc.pid, "the server process", child)
                     if not failed(child):
                         left = kill_tree(self._tree(settle=2.0), pgid, reap=self._reap)
                         if not left:
