@@ -174,8 +174,8 @@ class Load:
             with self._lock:
                 self.results.append(r)
             i += 1
-            if r.status is None:
-                time.sleep(0.05)  # the server is gone: do not spin
+            if r.status in (None, 503):
+                time.sleep(0.05)  # the server is gone or going: do not spin
 
     def stop(self, timeout: float = REQUEST_TIMEOUT_S) -> list[Result]:
         self._stop.set()
