@@ -270,10 +270,11 @@ class Bench:
             self.models[fmt] = tiny.make(self.work / f"tiny-{fmt}", fmt)
         return self.models[fmt]
 
-    def start(self, tag: str, fmt: str = "ternary", extra: list[str] = ()) -> Server:
+    def start(self, tag: str, fmt: str = "ternary", max_num_seqs: int | None = MAX_NUM_SEQS
+              ) -> Server:
         port = free_port()
         cmd = server_command(self.model(fmt), "ternary", port) + [
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", *extra]
+            *(["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []), "--enforce-eager"]
         server = Server(cmd, port, self.work / f"server-{tag}.log")
         self.say(f"[{tag}] started ternary serve (PID {server.proc.pid}); waiting for /health")
         t = time.monotonic()
@@ -456,7 +457,7 @@ class LoadRun:
 
 
 def load_run(b: Bench, fmt: str, total: int, clients: int, soak_s: float) -> LoadRun:
-    server = b.start(f"load-{fmt}", fmt)
+    server = b.start(f"load-{fmt}", fmt, max_num_seqs=None)  # vLLM's default batch
     ref = b.refs[fmt]
     ps = list(ref)
     try:
