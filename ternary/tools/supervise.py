@@ -308,8 +308,15 @@ class Supervisor:
         consequence of its parent's death (the parent-death signal kills the rest)."""
         self._read_reaps()
         current = descendants(os.getpid())
-        for pid in current - self.dead:
+        for pid in current:
             st = zombie_status(pid)
+            if pid in self.dead:
+                if st is not None:
+                    continue
+                # a live process under a PID seen dead before: a new one (PIDs are reused)
+                self.dead.discard(pid)
+                self.reaped.pop(pid, None)
+                self.zombies.pop(pid, None)
             if st is not None:
                 self.zombies[pid] = st
             else:  # re-read: a process names itself after it starts (VLLM::EngineCore)
