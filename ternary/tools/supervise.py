@@ -320,8 +320,12 @@ class Supervisor:
             if st is not None:
                 self.zombies[pid] = st
             else:  # re-read: a process names itself after it starts (VLLM::EngineCore)
-                self.known[pid] = proc_name(pid)
-                self.parents[pid] = _ppid(pid)
+                name, ppid = proc_name(pid), _ppid(pid)
+                if name != "?":  # "?": it died while being read; keep what was seen
+                    self.known[pid] = name
+                if ppid:
+                    self.parents[pid] = ppid
+                self.known.setdefault(pid, name)
         deaths = []
         for pid in list(self.known):
             if pid in current and pid not in self.zombies and pid not in self.reaped:
