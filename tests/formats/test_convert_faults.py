@@ -55,17 +55,20 @@ def test_convert_onto_a_full_filesystem_leaves_nothing(source, small_tmpfs):
 
 
 def _killed_half_way(cmd: list[str], parent: Path, temp_prefix: str) -> Path:
-    """Runs `cmd` slowed down (TERNARY_TEST_SLOW_WRITE_S), SIGKILLs it once its temporary
-    directory holds a file; that directory."""
+    """Runs `cmd` slowed down (TERNARY_TEST_SLOW_WRITE_S: 2 s after each tensor), SIGKILLs
+    it once its temporary directory exists (then it is between tensors: convert's shards
+    are written when it closes them); that directory."""
     env = {**os.environ, "TERNARY_TEST_SLOW_WRITE_S": "2",
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tmp = parent / f"{temp_prefix}-{proc.pid}"
     deadline = time.monotonic() + 240
-    while not (tmp.is_dir() and any(tmp.iterdir())):
+    while not tmp.is_dir():
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "no temporary directory appeared"
         time.sleep(0.05)
+    time.sleep(0.5)
+    assert proc.poll() is None, "it finished before the kill: raise the slow-down"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return tmp
