@@ -14,16 +14,20 @@ The supervisor (Linux):
   spawn and fork included), arms PR_SET_PDEATHSIG(SIGKILL) itself at interpreter start
   (`guard_process`), so SIGKILL of the supervisor takes the whole tree down;
 - watches the tree every WATCH_S: the child's own exit, and every descendant that
-  disappears while the child lives. A descendant that dies by a signal or a non-zero exit
-  (read from /proc/<pid>/stat while it is a zombie, or from waitpid for those reparented
-  here), or a long-lived vLLM process (VLLM::*, EngineCore, a multiprocessing child) that
-  disappears at all, stops the server: one line `<label>: <name> (pid N) died: <how>;
-  stopping the server`, SIGTERM to the tree, STOP_GRACE_S, SIGKILL to every process left and
-  the process group; exit status 128+signal or the exit code (1 when it was 0);
+  disappears while the child lives. How it died comes from waitpid (the child, orphans
+  reparented here), from /proc/<pid>/stat while it is a zombie, or from the file where the
+  tree's Python processes record each child they reap (TERNARY_SUPERVISED_DEATHS). A
+  descendant that dies by a signal or a non-zero exit, or a vLLM process (VLLM::*, a
+  multiprocessing child; not a fork that inherited its name) that disappears at all, and
+  whose parent did not die first, stops the server: one line `<label>: <name> (pid N)
+  died: <how>; stopping the server`, SIGTERM to the tree, DEATH_GRACE_S, SIGKILL to every
+  process left and the process group; exit status 128+signal or the exit code (1 when it
+  was 0);
 - SIGTERM/SIGINT to the supervisor: the draining marker (TERNARY_SUPERVISED_DRAINING: new
-  requests get 503, ternary.vllm.drain), DRAIN_NOTICE_S later SIGTERM to the child only (vLLM
-  drains the requests in flight and stops its own processes), at most DRAIN_S, then SIGKILL to what is left; exit 0 only when the child
-  exited 0 and nothing of the tree was left to kill.
+  requests get 503, ternary.vllm.drain), DRAIN_NOTICE_S later SIGTERM to the child only
+  (vLLM drains the requests in flight and stops its own processes), at most DRAIN_S, then
+  SIGTERM/SIGKILL to what is left; exit 0 only when the child exited 0 and nothing of the
+  tree was left to kill.
 """
 
 from __future__ import annotations
