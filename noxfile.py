@@ -10,6 +10,7 @@ nox: `python -m ternary._build.pipeline build h100 --toolchain deb`.
   nox -s test-h200 -- --host-torch        against the GPU host's own torch
   nox -s reproduce-h100                   two fresh checkouts, two builds, byte-compared
   nox -s tests                            the CPU test suite (README's test command)
+  nox -s fault-matrix -- --short          real servers under injected faults (CI's short run)
 """
 
 from __future__ import annotations
@@ -142,6 +143,15 @@ def tests(session: nox.Session) -> None:
     py = envs.ensure(TARGETS["cpu"])
     pipeline.install_reference(py)
     session.run(str(py), "-m", "pytest", str(REPO / "tests"), *session.posargs, external=True)
+
+
+@nox.session(name="fault-matrix", venv_backend="none", default=False)
+def fault_matrix(session: nox.Session) -> None:
+    """Real CPU servers under injected faults (SIGKILLs, SIGTERM, dropped streams, a flood);
+    `-- --short` for CI, `-- --load` for the 10x load and soak."""
+    py = envs.ensure(TARGETS["cpu"])
+    pipeline.install_reference(py)
+    session.run(str(py), "-P", "-m", "ternary", "fault-matrix", *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none", default=False)

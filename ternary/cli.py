@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("inspect", "a checkpoint's format, modules, packing, scales and every problem found"),
     "smoke": ("smoke", "real vLLM servers on make-tiny models: requests against transformers, clean stop"),
     "tp-kernels": ("tp_kernels", "the fused kernel between NCCL all-reduces on N GPUs, without vLLM"),
+    "fault-matrix": ("fault_matrix", "real servers under injected faults: exit codes, leftovers, lost requests"),
     "kernel-soak": ("kernel_soak", "linear_fused launched over and over on every GPU, hangs named"),
 }
 

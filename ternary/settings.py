@@ -59,6 +59,24 @@ VARS: tuple[Var, ...] = (
     Var("TERNARY_PIN_MEMORY", "", "0: no pinned host memory (the WSL2 distribution sets it; "
         "WSL2 caps pinned memory)", "runtime"),
     # tools
+    Var("TERNARY_SUPERVISED", "0", "1: this process belongs to a supervised tree "
+        "(ternary.tools.supervise: `ternary serve`, smoke, bench-serve): every Python process "
+        "of it dies with its parent (PR_SET_PDEATHSIG); set by the supervisor", "tools"),
+    Var("TERNARY_SERVE_CHILD", "0", "1: `ternary serve` runs vLLM's server in this process "
+        "(it is the supervised child) instead of starting and supervising it; set by the "
+        "supervisor", "tools"),
+    Var("TERNARY_SUPERVISED_PARENT", "", "the PID a supervised process's parent had when it "
+        "started it (the parent-death race check); set by the supervisor and its tree",
+        "tools"),
+    Var("TERNARY_SUPERVISED_DEATHS", "", "a file where every Python process of a supervised "
+        "tree appends `pid status` for each child it reaps, so the supervisor can say how a "
+        "process its parent reaped died; set by the supervisor", "tools"),
+    Var("TERNARY_SUPERVISED_DRAINING", "", "a file the supervisor creates when it is asked "
+        "to stop; while it exists `ternary serve`'s middleware (ternary.vllm.drain) answers "
+        "new API requests 503; set by the supervisor", "tools"),
+    Var("TERNARY_TEST_SLOW_WRITE_S", "0", "tests only: convert and make-tiny sleep this long "
+        "after each tensor (and make-tiny before its rename), so a test can kill them "
+        "half-way", "tools"),
     Var("TERNARY_STACKS_ON_SIGUSR1", "0", "1: bench-serve workers print every thread's Python "
         "stack when they run out of time", "tools"),
     Var("TERNARY_H200_WORK", "/tmp/ternary-h200", "tools/h200 scripts: their work directory",

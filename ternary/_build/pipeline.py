@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -113,8 +114,24 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     t2 = time.monotonic()
     print(f"[{target.name}] compiling ternary._C for {target.torch_arch_list} with {tc.provider} "
           f"CUDA {tc.nvcc_version} ...", flush=True)
-    subprocess.run([str(py), "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-                    "--outdir", str(DIST), str(matrix.REPO)], env=env, check=True)
+    # the wheel is built into dist/.building-PID and renamed into dist/ only when complete:
+    # a killed build leaves no file with a wheel's final name (the next build removes it)
+    for stale in DIST.glob(".building-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            print(f"[{target.name}] removing {stale}: left by build process {pid}, which is "
+                  "gone", flush=True)
+            shutil.rmtree(stale, ignore_errors=True)
+    building = DIST / f".building-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    try:
+        subprocess.run([str(py), "-m", "build", "--wheel", "--no-isolation",
+                        "--skip-dependency-check", "--outdir", str(building), str(matrix.REPO)],
+                       env=env, check=True)
+        for w in building.glob("*.whl"):
+            os.replace(w, DIST / w.name)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
     timings["compile_s"] = time.monotonic() - t2
     wheels = sorted(DIST.glob(f"vllm_ternary-*+{local}-*.whl"))
     if len(wheels) != 1:
@@ -141,7 +158,9 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         "notes": notes,
         **{k: round(v, 1) for k, v in timings.items()},
     }
-    (DIST / f"build-{target.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    out = DIST / f"build-{target.name}.json"
+    out.with_suffix(".json.part").write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(out.with_suffix(".json.part"), out)
     return report
 
 
@@ -198,6 +217,16 @@ def install_wheel(py: Path, wheel: Path, host_torch: bool) -> None:
     else:
         cmd = [envs.uv(), "pip", "install", "--python", str(py), "--no-deps", "--reinstall", str(wheel)]
     subprocess.run(cmd, check=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def install_reference(py: Path) -> None:

@@ -287,15 +287,20 @@ def tar_command(root: Path, epoch: int) -> list[str]:
 def deterministic_tar_gz(root: Path, out: Path, epoch: int) -> Path:
     """out (.tar.gz) from root, the same bytes for the same tree whatever the file times,
     the owner names or the order files were written in (gzip -n: no name, no time)."""
-    part = Path(str(out) + ".part")
-    with open(part, "wb") as f:
-        tar = subprocess.Popen(tar_command(root, epoch), stdout=subprocess.PIPE)
-        gz = subprocess.run(["gzip", "-n", "-1"], stdin=tar.stdout, stdout=f)
-        tar.stdout.close()
-        if tar.wait() != 0 or gz.returncode != 0:
-            raise WslBuildError(f"tar | gzip of {root} into {part} failed (tar exit "
-                                f"{tar.returncode}, gzip exit {gz.returncode})")
-    os.replace(part, out)
+    # written under a temporary name, renamed when complete: a killed or failed build never
+    # leaves a tarball with the final name
+    part = Path(f"{out}.part-{os.getpid()}")
+    try:
+        with open(part, "wb") as f:
+            tar = subprocess.Popen(tar_command(root, epoch), stdout=subprocess.PIPE)
+            gz = subprocess.run(["gzip", "-n", "-1"], stdin=tar.stdout, stdout=f)
+            tar.stdout.close()
+            if tar.wait() != 0 or gz.returncode != 0:
+                raise WslBuildError(f"tar | gzip of {root} into {part} failed (tar exit "
+                                    f"{tar.returncode}, gzip exit {gz.returncode})")
+        os.replace(part, out)
+    finally:
+        part.unlink(missing_ok=True)
     return out
 
 

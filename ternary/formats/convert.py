@@ -12,7 +12,8 @@ from typing import Callable
 
 from ternary.formats import canonical, dense, vendor_int8
 from ternary.formats.errors import FormatError
-from ternary.formats.files import CONFIG, INDEX, ShardWriter, iter_tensor_names
+from ternary.formats.files import (CONFIG, INDEX, ShardWriter, iter_tensor_names,
+                                   remove_stale_temp_dirs, temp_dir_for, test_pause)
 from ternary.formats.modules import not_converted, split_fused_layers
 from ternary.formats.reader import Checkpoint, plan_scale
 
@@ -49,6 +50,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     master weights) needs int8_per_token said, and a bitnet source refuses "none".
     `progress(done_bytes, total_bytes, tensor)` is called after each source tensor."""
     src, dst = Path(src), Path(dst)
+    stale = remove_stale_temp_dirs(dst, "converting")  # of a run killed half-way
     if dst.exists() and not dst.is_dir():
         raise FormatError(dst, None, "destination exists and is not a directory",
                           "choose a new directory")
@@ -99,7 +101,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
     # dense (float32, exactly as the source defines them), since nothing else reads them.
     kept = [] if ckpt.format == dense.NAME else [n for n in names if n not in quantized]
     names = quantized + kept
-    notes = []
+    notes = list(stale)
     if ckpt.format == "bitnet":
         mode, g = "tensor", None
     elif ckpt.format == dense.NAME:
@@ -109,7 +111,9 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
         mode, g = plan_scale(ckpt)
         notes.append(f"code map: {ckpt.state['code_map']} ({ckpt.state['code_map_evidence']})")
 
-    tmp = dst.with_name(f".{dst.name}.converting-{os.getpid()}")
+    # everything goes into a temporary directory next to dst, renamed to dst at the very
+    # end: a full disk or a kill leaves no directory any reader would take for the model
+    tmp = temp_dir_for(dst, "converting")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         writer = ShardWriter(tmp, max_shard_bytes)
@@ -139,6 +143,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, *, source_format: st
                 del mod
             if progress:
                 progress(done, total, t)
+            test_pause()
         shards = writer.close()
         notes += [f"scale of {c} module(s): {why}" for why, c in group_notes.items()]
         copied_files = _copy_side_files(src, tmp)

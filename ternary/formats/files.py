@@ -4,6 +4,7 @@ shards as it goes so a conversion never holds the whole model in memory."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -266,6 +267,59 @@ class ModelFiles:
         self.close()
 
 
+def temp_dir_for(dst: Path, what: str) -> Path:
+    """Where a writer of `dst` works until its final rename: next to it (the same
+    filesystem, so the rename is atomic), hidden, named after this process
+    (`.DST.WHAT-PID`), so a later run can tell a dead writer's leftovers from a live one's."""
+    return dst.with_name(f".{dst.name}.{what}-{os.getpid()}")
+
+
+def remove_stale_temp_dirs(dst: Path, what: str) -> list[str]:
+    """Removes the temporary directories of `dst` whose writer process is gone (killed
+    half-way); one message for each."""
+    import shutil
+
+    said = []
+    prefix = f".{dst.name}.{what}-"
+    if not dst.parent.is_dir():
+        return said
+    for p in sorted(dst.parent.glob(f"{glob_escape(prefix)}*")):
+        pid = p.name[len(prefix):]
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        said.append(f"removed {p}: a stale temporary directory of {dst.name} left by process "
+                    f"{pid}, which is gone")
+    return said
+
+
+def glob_escape(s: str) -> str:
+    import glob
+
+    return glob.escape(s)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def test_pause() -> None:
+    """TERNARY_TEST_SLOW_WRITE_S: a test's window to kill a writer half-way."""
+    from ternary import settings
+
+    s = float(settings.get("TERNARY_TEST_SLOW_WRITE_S") or 0)
+    if s > 0:
+        import time
+
+        time.sleep(s)
+
+
 class ShardWriter:
     """Writes tensors into safetensors shards of at most `max_shard_bytes`, flushing each
     shard as soon as it is full. Shards are renamed to model-0000i-of-0000n.safetensors
@@ -295,7 +349,13 @@ class ShardWriter:
         from safetensors.torch import save_file
 
         path = self.dir / f".shard-{len(self._written) + 1:05d}.safetensors.partial"
-        save_file(self._pending, str(path), metadata={"format": "pt"})
+        try:
+            save_file(self._pending, str(path), metadata={"format": "pt"})
+        except Exception as e:  # safetensors reports a full disk as SafetensorError
+            if type(e).__name__ != "SafetensorError" or "I/O error" not in str(e):
+                raise
+            code = errno.ENOSPC if "os error 28" in str(e) else errno.EIO
+            raise OSError(code, os.strerror(code), str(path)) from e
         self._written.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
 

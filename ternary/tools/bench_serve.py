@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from ternary.tools import supervise
+
 # name -> (kind, layers override); kind "ternary" is a canonical checkpoint written by
 # ternary.tools.synthetic.bigmodel, "bf16" a config-only directory served with load_format="dummy".
 MODELS: dict[str, tuple[str, int | None]] = {
@@ -431,8 +433,9 @@ def run_logged(cmd: list[str], log_path: Path, timeout: float) -> int | None:
     stacks go into the log, and it and everything it started are stopped)."""
     env, sdir = _stacks_env(log_path, timeout)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        # its own session, every process of it dying with this one (ternary.tools.supervise)
+        proc = supervise.guarded_popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       stdin=subprocess.DEVNULL)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

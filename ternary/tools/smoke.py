@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ternary.tools import supervise
 from ternary.tools.engine import alive, cpu_env_defaults, descendants, free_port, too_few_gpus
 
 HEALTH_TIMEOUT_S = 600  # first start on a busy 2-core machine compiles for a while
@@ -89,8 +90,9 @@ class Server:
         self.cmd, self.port, self.log_path = cmd, port, log_path
         self.base = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "wb")  # noqa: SIM115 (the server writes it until stop())
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        # its own session, every process of it dying with this one (ternary.tools.supervise)
+        self.proc = supervise.guarded_popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
 
     def tail(self, n: int = 40) -> str:
         self.log.flush()
@@ -134,12 +136,8 @@ class Server:
             time.sleep(0.5)
             left = {p for p in left if alive(p)}
         self.log.close()
-        if left:
-            for p in left:  # do not leave them behind, but report the failure
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if left:  # do not leave them behind, but report the failure
+            supervise.kill_tree(left, None, grace=2)
             return False, (f"{len(left)} of {len(procs)} processes still alive "
                            f"{timeout:.0f} s after SIGTERM: PIDs {sorted(left)}")
         return True, f"{len(procs)} processes gone"

@@ -103,6 +103,7 @@ def test_bench_serve_checks_its_json_path_before_running(tmp_path, capsys):
 def test_serve_without_a_working_vllm(monkeypatch, capsys):
     import ternary.vllm.register as reg
 
+    monkeypatch.setenv("TERNARY_SERVE_CHILD", "1")  # the supervised child's check, in-process
     def broken():
         raise ImportError("No module named 'vllm.model_executor'")
 
@@ -115,6 +116,7 @@ def test_serve_without_a_working_vllm(monkeypatch, capsys):
 def test_serve_with_an_unsupported_vllm(monkeypatch, capsys):
     import ternary.vllm.register as reg
 
+    monkeypatch.setenv("TERNARY_SERVE_CHILD", "1")  # the supervised child's check, in-process
     def unsupported():
         raise RuntimeError("vLLM 0.5.0: QUANTIZATION_METHODS is a list and there is no "
                            "register_quantization_config; this vLLM is not supported")

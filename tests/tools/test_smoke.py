@@ -38,10 +38,11 @@ def test_health_timeout_is_bounded(tmp_path):
 
 
 def test_stop_reports_children_that_survive_sigterm(tmp_path):
-    # the parent exits on SIGTERM; its child ignores SIGTERM and must be reported (then killed)
+    # the parent exits on SIGTERM; its child ignores SIGTERM and must be reported (then
+    # killed). Not a Python child: a Python one dies with its parent (the tree hook's
+    # parent-death signal), which is what guarded_popen is for
     code = ("import signal, subprocess, sys, time\n"
-            "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)'])\n"
+            "subprocess.Popen(['sh', '-c', 'trap \"\" TERM; echo 1; sleep 120'])\n"
             "time.sleep(120)\n")
     s = _server(tmp_path, code)
     deadline = time.monotonic() + 20

@@ -15,6 +15,8 @@ instead of its int8 ones changes greedy tokens (a check that compares tokens can
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -140,8 +142,6 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
     float master weights instead of packed ones (quantization_mode "online", as 2B-4T's
     -bf16 variant), which the bitnet format's autobitlinear quantizes when loading. `fmt`
     defaults to "ternary" for Llama, "bitnet" for BitNet."""
-    from safetensors.torch import save_file
-
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {list(ARCHS)}")
     fmt = fmt or ("bitnet" if arch == "bitnet" or online else "ternary")
@@ -175,7 +175,45 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
     if others:
         raise ValueError(f"{out} holds another model's weights ({', '.join(others[:3])}"
                          f"{', ...' if len(others) > 3 else ''}); choose an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    from ternary.formats.files import remove_stale_temp_dirs, temp_dir_for
+
+    for msg in remove_stale_temp_dirs(out, "making"):  # of a make-tiny killed half-way
+        print(f"make-tiny: {msg}", file=sys.stderr)
+    final, out = out, temp_dir_for(out, "making")
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _write(out, fmt, scale, group_size, seed, shape, arch, online)
+        _install(out, final)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return final
+
+
+def _install(tmp: Path, final: Path) -> None:
+    """`tmp` becomes `final` by renames: an earlier make-tiny model there (only files this
+    writer writes) is moved aside first and removed after, so `final` never holds a mix."""
+    if final.exists():
+        extra = sorted({p.name for p in final.iterdir()} - {p.name for p in tmp.iterdir()})
+        if extra:
+            raise ValueError(f"{final} holds files make-tiny does not write ({', '.join(extra[:3])}"
+                             f"{', ...' if len(extra) > 3 else ''}); choose an empty directory")
+        old = final.with_name(tmp.name.replace(".making-", ".replaced-"))
+        final.replace(old)
+        tmp.replace(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.replace(final)
+
+
+def _write(out: Path, fmt: str, scale: str, group_size: int, seed: int, shape: dict,
+           arch: str, online: bool) -> None:
+    from safetensors.torch import save_file
+
+    from ternary.formats.files import test_pause
+
+    out.mkdir(parents=True)
     vocab = train_tokenizer(out)
     d = _dims(shape)
     g = torch.Generator().manual_seed(seed)
@@ -223,6 +261,7 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
                 codes, s = _absmean(w, 1 if scale == "channel" else None)
                 enc = canonical.encode(codes, s.reshape(-1))
             tensors.update({f"{p}.{mod}.{suffix}": t for suffix, t in enc.items()})
+    test_pause()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     if arch == "bitnet":  # 2B-4T's quantization_config, word for word
@@ -254,4 +293,4 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2) + "\n")
-    return out
+    test_pause()

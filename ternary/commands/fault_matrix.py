@@ -1,0 +1,35 @@
+"""`ternary fault-matrix`: real servers, real faults, a table (ternary.tools.fault_matrix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--short", action="store_true",
+                   help="one server, three faults (dropped streams, flood, SIGKILL of the "
+                        "engine): what .ci/run runs")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--only", default="", metavar="FAULTS",
+                   help="comma-separated subset of the full matrix: streams, flood, sigterm, "
+                        "engine, worker, server (sigterm always runs with the first three)")
+    p.add_argument("--load", action="store_true",
+                   help="instead: 2,000 requests from 128 clients (a fifth malformed) on each "
+                        "model, p50/p99, then a memory soak (slow: not for CI)")
+    p.add_argument("--soak-s", type=float, default=600, help="with --load: the soak (s)")
+    p.add_argument("--requests", type=int, default=2000, help="with --load")
+    p.add_argument("--clients", type=int, default=128, help="with --load")
+    p.add_argument("--formats", default="ternary,bitnet",
+                   help="with --load: make-tiny formats to serve, comma-separated")
+    p.add_argument("--work", type=Path, help="models and server logs here (kept)")
+    p.add_argument("--health-timeout", type=float, default=600)
+
+
+def run(args) -> int:
+    from ternary.tools import fault_matrix
+
+    return fault_matrix.main(args.short, args.json, load=args.load, soak_s=args.soak_s,
+                             total=args.requests, clients=args.clients,
+                             formats=tuple(f for f in args.formats.split(",") if f),
+                             work=args.work, health_timeout=args.health_timeout,
+                             only=tuple(f for f in args.only.split(",") if f))
