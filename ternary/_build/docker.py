@@ -33,7 +33,7 @@ _DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")
 
 LINKS_DIR = matrix.REPO / ".cache" / "docker-links"  # COPY'd by the env stage
 
-BUILD_ARGS = ("BASE_IMAGE", "RUNTIME_IMAGE", "TARGET", "PYTHON_VERSION", "CUDA_VERSION", "TERNARY_ARCH_LIST",
+BUILD_ARGS = ("BASE_IMAGE", "TARGET", "PYTHON_VERSION", "CUDA_VERSION", "TERNARY_ARCH_LIST",
               "TERNARY_LOCAL_VERSION", "TORCH", "VLLM")
 
 
@@ -70,8 +70,6 @@ def render_build_args(target: matrix.Target | str) -> dict[str, str]:
                           "with `nox -s build-windows` on a Windows host)")
     args = {
         "BASE_IMAGE": base_image(target),
-        # no runtime image of NVIDIA's is pinned here: the runtime starts from the devel one
-        "RUNTIME_IMAGE": base_image(target),
         "TARGET": target.name,
         "PYTHON_VERSION": target.python,
         "CUDA_VERSION": target.cuda.version if target.cuda else "none",
@@ -156,13 +154,12 @@ def _sha256(path: Path) -> str:
 
 
 def local_base_overrides(target: matrix.Target | str, toolchain: str = "auto") -> dict[str, str]:
-    """BASE_IMAGE and RUNTIME_IMAGE built here (ternary/_build/images.py) for a machine that
-    cannot pull the pinned ones: debootstrap + the target's python (+ its CUDA toolchain)."""
+    """BASE_IMAGE built here (ternary/_build/images.py) for a machine that cannot pull the
+    pinned one: debootstrap + the target's python (+ its CUDA toolchain)."""
     from ternary._build import images
 
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    return {"BASE_IMAGE": images.ensure_base(target, toolchain=toolchain, say=say),
-            "RUNTIME_IMAGE": images.runtime_base(target, say=say)}
+    return {"BASE_IMAGE": images.ensure_base(target, toolchain=toolchain, say=say)}
 
 
 def build_command(target: matrix.Target | str, *, engine: str = "podman", tag: str | None = None,
@@ -197,9 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default=None, help="docker or podman (default: whichever exists)")
     p.add_argument("--target", dest="stage", help="build only up to this Dockerfile stage")
     p.add_argument("--base-image", help="override BASE_IMAGE (e.g. a locally imported image)")
-    p.add_argument("--runtime-image", help="override RUNTIME_IMAGE")
     p.add_argument("--local-base", action="store_true",
-                   help="build BASE_IMAGE/RUNTIME_IMAGE here (debootstrap, the target's python "
+                   help="build BASE_IMAGE here (debootstrap, the target's python "
                         "and CUDA toolchain) instead of pulling the pinned images")
     p.add_argument("--toolchain", default="auto", help="with --local-base: the CUDA toolchain")
     p.add_argument("-t", "--tag", help="image tag (default vllm-ternary:TARGET)")
@@ -228,8 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         overrides = local_base_overrides(a.target, a.toolchain) if a.local_base else {}
         if a.base_image:
             overrides["BASE_IMAGE"] = a.base_image
-        if a.runtime_image:
-            overrides["RUNTIME_IMAGE"] = a.runtime_image
         stage_links(a.target)
         cmd = build_command(a.target, engine=engine, stage=a.stage, overrides=overrides or None,
                             host_ca=a.host_ca, tag=a.tag)

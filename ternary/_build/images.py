@@ -277,14 +277,6 @@ def ensure_base(target: matrix.Target | str, *, toolchain: str = "auto", relock:
                                        "PATH": f"{CUDA_HOME}/bin:{DEFAULT_PATH}"}, say=say)
 
 
-def runtime_base(target: matrix.Target | str, *, relock: bool = False, say=print) -> str:
-    """The local base the runtime stage starts from: the python base (no CUDA toolchain;
-    torch's own nvidia-* wheels bring the CUDA libraries)."""
-    if isinstance(target, str):
-        target = matrix.get(target)
-    return import_base(python_base_tar(relock=relock, say=say), python_base_name(), say=say)
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
