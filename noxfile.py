@@ -77,6 +77,18 @@ def _target_sessions(name: str) -> None:
                         *session.posargs, external=True)
 
         docker.__doc__ = f"Render targets.toml into build args and build docker/Dockerfile for {name}."
+
+        if t.python == "3.11":
+            @nox.session(name=f"docker-base-{name}", venv_backend="none", tags=["docker"],
+                         default=False)
+            def docker_base(session: nox.Session) -> None:
+                session.run(sys.executable, "-m", "ternary._build.images", "base", name,
+                            *session.posargs, external=True)
+
+            docker_base.__doc__ = (f"A local base for {name}'s image (debootstrap bookworm, its "
+                                   "python" + (f", CUDA {t.cuda.version} toolchain" if t.cuda
+                                               else "") + "): `docker-" + name
+                                   + " -- --local-base` builds on it.")
     if t.wsl:
         @nox.session(name=f"wsl-{name}", venv_backend="none", tags=["wsl"], default=False)
         def wsl(session: nox.Session) -> None:

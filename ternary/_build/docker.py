@@ -4,12 +4,14 @@ no fact of its own: every ARG defaults to `notset` and a RUN refuses to go on wi
     python -m ternary._build.docker args TARGET      # --build-arg lines (what `nox -s
                                                      # docker-TARGET` passes to docker/podman)
     python -m ternary._build.docker build TARGET [--engine podman] [--target STAGE]
+        [--local-base]                               # bases built here (ternary/_build/images.py)
     python -m ternary._build.docker check            # Dockerfile ARGs == rendered keys
 Standard library only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -28,6 +30,8 @@ PODMAN_FLAGS = ["--format", "docker", "--runtime", "runc", "--ulimit", "nofile=1
 HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 _DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")
 
+
+LINKS_DIR = matrix.REPO / ".cache" / "docker-links"  # COPY'd by the env stage
 
 BUILD_ARGS = ("BASE_IMAGE", "TARGET", "PYTHON_VERSION", "CUDA_VERSION", "TERNARY_ARCH_LIST",
               "TERNARY_LOCAL_VERSION", "TORCH", "VLLM")
@@ -105,11 +109,66 @@ def drift(path: Path = DOCKERFILE) -> list[str]:
     return problems
 
 
+def lock_hashes(target: matrix.Target) -> set[str]:
+    """Every sha256 the target's requirements.lock allows."""
+    lock = matrix.REPO / "envs" / target.name / "requirements.lock"
+    return set(re.findall(r"--hash=sha256:([0-9a-f]{64})", lock.read_text()))
+
+
+def stage_links(target: matrix.Target | str, links: Path = LINKS_DIR) -> list[Path]:
+    """Fill the build context's find-links directory with the wheels of pip's configured
+    find-links whose sha256 the target's lock names (torch 2.13.0+cpu for cpu; nothing for a
+    target whose lock is all PyPI); returns them. A find_links target whose lock names a
+    wheel found nowhere is refused."""
+    from ternary._build import envs
+
+    if isinstance(target, str):
+        target = matrix.get(target)
+    links.mkdir(parents=True, exist_ok=True)
+    wanted = lock_hashes(target) if target.find_links else set()
+    keep: dict[str, Path] = {}
+    for d in envs.find_links() if target.find_links else []:
+        for whl in sorted(Path(d.removeprefix("file://")).glob("*.whl")):
+            if (links / whl.name).is_file() and _sha256(links / whl.name) in wanted:
+                keep[whl.name] = links / whl.name
+                continue
+            if _sha256(whl) in wanted:
+                shutil.copyfile(whl, links / whl.name)
+                keep[whl.name] = links / whl.name
+    for old in links.iterdir():
+        if old.name not in keep:
+            old.unlink()
+    if target.find_links and not keep:
+        raise DockerError(f"target {target.name} needs wheels from pip's find-links "
+                          f"({', '.join(envs.find_links()) or 'none configured'}) and none there "
+                          f"has a sha256 of envs/{target.name}/requirements.lock")
+    return sorted(keep.values())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def local_base_overrides(target: matrix.Target | str, toolchain: str = "auto") -> dict[str, str]:
+    """BASE_IMAGE built here (ternary/_build/images.py) for a machine that cannot pull the
+    pinned one: debootstrap + the target's python (+ its CUDA toolchain)."""
+    from ternary._build import images
+
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    return {"BASE_IMAGE": images.ensure_base(target, toolchain=toolchain, say=say)}
+
+
 def build_command(target: matrix.Target | str, *, engine: str = "podman", tag: str | None = None,
                   stage: str | None = None, overrides: dict[str, str] | None = None,
                   host_ca: str | None = None) -> list[str]:
-    """The docker/podman build command. host_ca mounts this machine's CA bundle for the RUN
-    steps (networks that intercept TLS); it is set as PIP_CERT/SSL_CERT_FILE in the image."""
+    """The docker/podman build command. host_ca mounts this machine's CA bundle at
+    /run/host-ca.crt for the RUN steps (networks that intercept TLS): the Dockerfile's
+    downloading RUNs use it as PIP_CERT/SSL_CERT_FILE where it exists (podman 4.3's `build
+    --env` reaches the image's config, not the RUN steps)."""
     if isinstance(target, str):
         target = matrix.get(target)
     args = {**render_build_args(target), **(overrides or {})}
@@ -119,8 +178,7 @@ def build_command(target: matrix.Target | str, *, engine: str = "podman", tag: s
     for k, v in args.items():
         cmd += ["--build-arg", f"{k}={v}"]
     if host_ca:
-        cmd += ["-v", f"{host_ca}:/run/host-ca.crt:ro", "--env", "PIP_CERT=/run/host-ca.crt",
-                "--env", "SSL_CERT_FILE=/run/host-ca.crt"]
+        cmd += ["-v", f"{host_ca}:/run/host-ca.crt:ro"]
     if stage:
         cmd += ["--target", stage]
     cmd += ["-t", tag or f"vllm-ternary:{target.name}", str(matrix.REPO)]
@@ -136,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", default=None, help="docker or podman (default: whichever exists)")
     p.add_argument("--target", dest="stage", help="build only up to this Dockerfile stage")
     p.add_argument("--base-image", help="override BASE_IMAGE (e.g. a locally imported image)")
+    p.add_argument("--local-base", action="store_true",
+                   help="build BASE_IMAGE here (debootstrap, the target's python "
+                        "and CUDA toolchain) instead of pulling the pinned images")
+    p.add_argument("--toolchain", default="auto", help="with --local-base: the CUDA toolchain")
+    p.add_argument("-t", "--tag", help="image tag (default vllm-ternary:TARGET)")
+    p.add_argument("--no-cache", action="store_true", help="build every layer anew (cold build)")
     p.add_argument("--host-ca", nargs="?", const=HOST_CA, default=None,
                    help=f"mount this machine's CA bundle into RUN steps (default {HOST_CA})")
     a = p.parse_args(argv)
@@ -154,9 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     if engine is None:
         print("neither docker nor podman is on PATH: install one (apt install podman)")
         return 1
-    cmd = build_command(a.target, engine=engine, stage=a.stage,
-                        overrides={"BASE_IMAGE": a.base_image} if a.base_image else None,
-                        host_ca=a.host_ca)
+    from ternary._build.images import ImageError
+
+    try:
+        overrides = local_base_overrides(a.target, a.toolchain) if a.local_base else {}
+        if a.base_image:
+            overrides["BASE_IMAGE"] = a.base_image
+        stage_links(a.target)
+        cmd = build_command(a.target, engine=engine, stage=a.stage, overrides=overrides or None,
+                            host_ca=a.host_ca, tag=a.tag)
+    except (DockerError, ImageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if a.no_cache:
+        cmd.insert(2, "--no-cache")
     print("+ " + " ".join(cmd), flush=True)
     return subprocess.run(cmd).returncode
 
