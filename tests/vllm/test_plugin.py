@@ -316,6 +316,8 @@ def test_serve_without_vllm_says_what_to_install(monkeypatch, capsys):
     from ternary.cli import main as cli
 
     monkeypatch.setitem(sys.modules, "ternary.vllm.register", None)  # import fails
+    # the check runs in the supervised child (ternary.tools.supervise): be that child here
+    monkeypatch.setenv("TERNARY_SERVE_CHILD", "1")
     assert cli(["serve", "some-model", "--port", "1"]) == 2
     assert "vLLM is not importable" in capsys.readouterr().err
 
