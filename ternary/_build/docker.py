@@ -11,7 +11,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import sys
 from pathlib import Path
 
 from ternary._build import matrix
+from ternary._build.hashing import sha256
 
 DOCKERFILE = matrix.REPO / "docker" / "Dockerfile"
 NOTSET = "notset"
@@ -129,10 +129,10 @@ def stage_links(target: matrix.Target | str, links: Path = LINKS_DIR) -> list[Pa
     keep: dict[str, Path] = {}
     for d in envs.find_links() if target.find_links else []:
         for whl in sorted(Path(d.removeprefix("file://")).glob("*.whl")):
-            if (links / whl.name).is_file() and _sha256(links / whl.name) in wanted:
+            if (links / whl.name).is_file() and sha256(links / whl.name) in wanted:
                 keep[whl.name] = links / whl.name
                 continue
-            if _sha256(whl) in wanted:
+            if sha256(whl) in wanted:
                 shutil.copyfile(whl, links / whl.name)
                 keep[whl.name] = links / whl.name
     for old in links.iterdir():
@@ -143,14 +143,6 @@ def stage_links(target: matrix.Target | str, links: Path = LINKS_DIR) -> list[Pa
                           f"({', '.join(envs.find_links()) or 'none configured'}) and none there "
                           f"has a sha256 of envs/{target.name}/requirements.lock")
     return sorted(keep.values())
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def local_base_overrides(target: matrix.Target | str, toolchain: str = "auto") -> dict[str, str]:

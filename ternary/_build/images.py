@@ -14,7 +14,6 @@ Standard library only.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 from ternary._build import matrix
+from ternary._build.hashing import sha256
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -49,14 +49,6 @@ def _run(cmd: list[str], what: str, **kw) -> str:
         raise ImageError(f"{what} failed (exit {r.returncode}): `{' '.join(cmd)}`\n"
                          f"{(r.stdout + r.stderr).strip()[-3000:]}")
     return r.stdout
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def python_base_name(suite: str = SUITE) -> str:

@@ -6,7 +6,6 @@ the comparison of two wheels that `nox -s reproduce-<target>` prints. Standard l
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import stat
 import struct
@@ -14,6 +13,8 @@ import subprocess
 import time
 import zipfile
 from pathlib import Path
+
+from ternary._build.hashing import sha256
 
 # A zip member's time is a DOS date: nothing before 1980-01-01 00:00:00 UTC.
 ZIP_EPOCH_MIN = 315532800
@@ -69,14 +70,6 @@ def normalize_wheel(path: Path, epoch: int) -> None:
                 new.external_attr = (stat.S_IFREG | _mode(info)) << 16
             dst.writestr(new, src.read(info))
     tmp.replace(path)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- comparison ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_stage_links_brings_the_locked_wheel_by_sha256(tmp_path, monkeypatch):
     links.mkdir()
     (links / "stale.whl").write_bytes(b"left from another target")
     monkeypatch.setattr("ternary._build.envs.find_links", lambda: [str(src)])
-    monkeypatch.setattr(docker, "lock_hashes", lambda t: {docker._sha256(wanted)})
+    monkeypatch.setattr(docker, "lock_hashes", lambda t: {docker.sha256(wanted)})
     assert [p.name for p in docker.stage_links("cpu", links)] == [wanted.name]
     assert sorted(p.name for p in links.iterdir()) == [wanted.name]
     # a target whose lock is all PyPI gets an empty directory (the Dockerfile COPYs it)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from ternary._build.hashing import sha256
 
 STAMP = ".ternary-toolchain.json"
 
@@ -51,17 +52,9 @@ def _listing(home: Path) -> dict[str, int]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _digests(home: Path, files: dict[str, int]) -> dict[str, str]:
     """sha256 of every regular file; a symlink by where it points."""
-    return {rel: ("-> " + os.readlink(home / rel)) if size == -1 else _sha256(home / rel)
+    return {rel: ("-> " + os.readlink(home / rel)) if size == -1 else sha256(home / rel)
             for rel, size in files.items()}
 
 

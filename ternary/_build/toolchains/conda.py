@@ -13,7 +13,7 @@ from pathlib import Path
 from ternary._build import matrix
 from ternary._build.checks import ToolchainError
 from ternary._build.toolchains import cache, progress
-from ternary._build.toolchains.deb import sha256
+from ternary._build.hashing import sha256
 
 PROVIDER = "conda"
 INSTALLERS = ("conda-lock", "micromamba")

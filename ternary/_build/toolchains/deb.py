@@ -5,7 +5,6 @@ libcudart). The layout is the one docs/build.md describes, which works with torc
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import shutil
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from ternary._build import matrix
 from ternary._build.checks import ToolchainError, nvcc_version
+from ternary._build.hashing import sha256
 from ternary._build.toolchains import apt, cache, progress, wheels
 from ternary._build.toolchains.pins import DEB
 
@@ -56,14 +56,6 @@ def usable() -> str | None:
     if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
         return "the deb toolchain needs apt-get and dpkg-deb (a Debian or Ubuntu host)"
     return None
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify(deb: Path) -> None:

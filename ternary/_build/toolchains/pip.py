@@ -10,7 +10,7 @@ from pathlib import Path
 from ternary._build import matrix
 from ternary._build.checks import ToolchainError, nvcc_version
 from ternary._build.toolchains import cache, progress, wheels
-from ternary._build.toolchains.deb import sha256
+from ternary._build.hashing import sha256
 from ternary._build.toolchains.pins import PIP_CUDA_MAJORS
 
 PROVIDER = "pip"
