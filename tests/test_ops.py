@@ -314,3 +314,15 @@ def test_linear_a8_compiles_in_one_graph():
                       fullgraph=True)
     x = _outlier_rows(5, k, torch.float32, seed=2)
     assert torch.equal(f(x), ops.linear_a8(x, lambda q: ops.gemm(q, packed, scale, 0)))
+
+
+def test_quantize_act_int8_takes_the_whole_rows_amax_and_refuses_a_wrong_one():
+    """A row-parallel slice of x quantized with its whole row's max equals the matching slice
+    of the whole row quantized at once (tensor parallelism's split_row_amax)."""
+    x = _outlier_rows(6, 64, torch.float32, seed=4)
+    whole_q, whole_s = ops.quantize_act_int8(x)
+    amax = x.abs().amax(-1, keepdim=True)
+    part_q, part_s = ops.quantize_act_int8(x[:, 32:], amax=amax)
+    assert torch.equal(part_q, whole_q[:, 32:]) and torch.equal(part_s, whole_s)
+    with pytest.raises(ValueError, match=r"amax must be float32 \[6, 1\].*got torch.float32 \[6\]"):
+        ops.quantize_act_int8(x, amax=amax.view(6))
