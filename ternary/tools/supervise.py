@@ -56,6 +56,7 @@ HOOK_DIR = Path(__file__).resolve().parent / "tree_hook"
 WATCH_S = 0.1
 STOP_GRACE_S = 3.0
 DEATH_GRACE_S = 1.0
+RECORD_WAIT_S = 0.5  # for a reaped process's status to reach the record file
 DRAIN_S = 60.0
 # processes whose disappearance while the server lives is a failure, whatever their status
 VITAL = ("VLLM", "EngineCore", "multiprocessing.spawn", "multiprocessing.resource_tracker",
@@ -330,10 +331,11 @@ class Supervisor:
                 if ppid:
                     self.parents[pid] = ppid
                 self.known.setdefault(pid, name)
+        gone = [pid for pid in self.known
+                if pid not in current or pid in self.zombies or pid in self.reaped]
+        self._await_records([pid for pid in gone if pid != self.proc.pid])
         deaths = []
-        for pid in list(self.known):
-            if pid in current and pid not in self.zombies and pid not in self.reaped:
-                continue
+        for pid in gone:
             if pid == self.proc.pid and self._child_status() is None:
                 continue
             status = self.reaped.get(pid, self.zombies.get(pid))
@@ -348,6 +350,17 @@ class Supervisor:
                     d.status is None and self._vital(d)):
                 return d
         return None
+
+    def _await_records(self, pids: list[int]) -> None:
+        """A process its parent reaped between our read of the record file and our listing
+        of the tree has vanished with its status not yet written (the hook writes right after
+        waitpid returns): give the record RECORD_WAIT_S to arrive before calling it unknown."""
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while any(p not in self.reaped and p not in self.zombies for p in pids):
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
+            self._read_reaps()
 
     def _vital(self, d: Death) -> bool:
         """A process vLLM started as one of its own (VLLM::EngineCore, VLLM::Worker, a

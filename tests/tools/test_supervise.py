@@ -188,3 +188,33 @@ def test_sigterm_marks_draining_before_the_server_gets_it(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert out.read_text() == "True"
+
+
+def test_a_status_recorded_just_after_the_process_vanished_is_still_read(monkeypatch):
+    """The race CI hit: the server reaps the engine between the supervisor's read of the
+    record file and its listing of the tree; the record lands a moment later and must name
+    the signal, not 'reaped before it could be read'."""
+    sup = supervise.Supervisor(["true"], label="t")
+    try:
+        engine = 4_000_000  # beyond pid_max: no live process has it
+        sup.proc = type("P", (), {"pid": engine + 1, "returncode": None})()
+        sup.known = {engine: "VLLM::EngineCore"}
+        sup.parents = {engine: os.getpid()}
+        monkeypatch.setattr(supervise, "descendants", lambda _pid: {sup.proc.pid})
+        monkeypatch.setattr(supervise, "zombie_status", lambda _pid: None)
+        status = signal.SIGSEGV  # a wait status: the signal number in the low bits
+
+        def record_late():
+            time.sleep(0.1)
+            with open(sup.deaths_path, "a") as f:
+                f.write(f"{engine} {int(status)}\n")
+
+        import threading
+
+        threading.Thread(target=record_late).start()
+        death = sup._scan()
+        assert death is not None and death.pid == engine
+        assert supervise.describe(death.status) == "SIGSEGV"
+        assert supervise.exit_code(death.status) == 128 + signal.SIGSEGV
+    finally:
+        Path(sup.deaths_path).unlink(missing_ok=True)
