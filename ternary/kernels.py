@@ -116,11 +116,17 @@ def _build_misses_gpu(platform: Platform) -> str | None:
     fail at launch with "no kernel image is available"."""
     if not (platform.extension and platform.extension_archs and platform.capability):
         return None
-    from ternary.platform import arch_covers
+    from ternary.platform import arch_covers, ptx_floor
 
     cap = ".".join(map(str, platform.capability))
     if any(arch_covers(arch, cap) for arch in platform.extension_archs):
-        return None
+        return None  # SASS, or PTX the driver JIT-compiles (Platform.jit_ptx)
+    floor = ptx_floor(platform.extension_archs)
+    if floor:
+        return (f"ternary._C was built as {';'.join(platform.extension_archs)} PTX only, which "
+                f"runs on compute capability {floor} or later; this GPU is {cap}: rebuild "
+                f"with a --ptx-arch of at most {cap}, or for this GPU's SASS (`ternary "
+                "doctor` names the targets that cover it)")
     return (f"ternary._C was built for {';'.join(platform.extension_archs)}, which has no code "
             f"for this GPU (compute capability {cap}); rebuild it for this GPU: `ternary "
             "doctor` names the targets that cover it, then `nox -s build-<target>`")

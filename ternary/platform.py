@@ -25,6 +25,15 @@ class Platform:
     extension_archs: tuple[str, ...] | None = None  # its build_info arch_list (None: unknown)
 
     @property
+    def jit_ptx(self) -> str | None:
+        """The PTX arch of ternary._C that this GPU runs through the driver's JIT (a PTX build,
+        or a GPU newer than every SASS arch of a +PTX build); None where SASS serves it."""
+        if not (self.extension and self.extension_archs and self.capability):
+            return None
+        code = device_code(self.extension_archs, "%d.%d" % self.capability)
+        return code[1] if code and code[0] == "ptx" else None
+
+    @property
     def label(self) -> str:
         return "WSL2" if self.wsl else ("native Windows" if self.system == "windows" else self.system)
 
@@ -61,14 +70,45 @@ def major_minor(v: str) -> tuple[int, int]:
     return int(a), int(re.match(r"\d+", b).group())  # type: ignore[union-attr]
 
 
+def _virtual(compiled: str) -> tuple[int, int] | None:
+    """compute_80 -> (8, 0): an arch a PTX build records by nvcc's name (ternary._build.archs)."""
+    m = re.fullmatch(r"compute_(\d+)(\d)[af]?", compiled)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def arch_covers(compiled: str, device: str) -> bool:
-    """SASS for `compiled` runs on a GPU of capability `device`: same major and a minor not
-    above it; an arch-specific build (9.0a) only on exactly that GPU; PTX (8.0+PTX) on that
-    capability or any later one, compiled by the driver."""
-    c_major, c_minor = major_minor(compiled)
-    d_major, d_minor = major_minor(device)
-    if compiled.endswith("+PTX"):
-        return (d_major, d_minor) >= (c_major, c_minor)
-    if compiled.endswith("a"):
-        return (c_major, c_minor) == (d_major, d_minor)
-    return c_major == d_major and c_minor <= d_minor
+    """`compiled` (an entry of a build's arch list) has code for a GPU of capability `device`:
+    SASS for the same major and a minor not above it; an arch-specific build (9.0a) only on
+    exactly that GPU; PTX (8.0+PTX, or compute_80 of a PTX-only build) on that capability or
+    any later one, compiled by the driver."""
+    return device_code([compiled], device) is not None
+
+
+def device_code(compiled: list[str] | tuple[str, ...], device: str) -> tuple[str, str] | None:
+    """How a GPU of capability `device` runs a build of these archs: ("sass", arch) where an
+    arch's SASS fits it, else ("ptx", arch) where PTX does (the driver JIT-compiles it when
+    the library loads), else None (no code for it)."""
+    d = major_minor(device)
+    ptx = None
+    for arch in compiled:
+        v = _virtual(arch)
+        if v is not None:
+            if d >= v:
+                ptx = ptx or arch
+            continue
+        base = arch.removesuffix("+PTX")
+        c = major_minor(base)
+        if base.endswith("a") and c == d or not base.endswith("a") and c[0] == d[0] and c[1] <= d[1]:
+            return "sass", arch
+        if arch.endswith("+PTX") and d >= c:
+            ptx = ptx or arch
+    return ("ptx", ptx) if ptx else None
+
+
+def ptx_floor(compiled: list[str] | tuple[str, ...]) -> str | None:
+    """The lowest capability a PTX-only build runs on ('compute_80' -> '8.0'), None for a
+    build with SASS."""
+    vs = [_virtual(a) for a in compiled]
+    if not vs or None in vs:
+        return None
+    return "%d.%d" % min(vs)  # type: ignore[type-var]

@@ -30,6 +30,9 @@ VARS: tuple[Var, ...] = (
     Var("TERNARY_NO_EXTENSION", "0", "1: build the package without ternary._C (reference ops "
         "only)", "build"),
     Var("TERNARY_NVCC_FLAGS", "", "extra nvcc flags for ternary._C (space-separated)", "build"),
+    Var("TERNARY_PTX_ARCH", "", "build ternary._C's device code as PTX of this one arch only "
+        "(`8.0`: compute_80, no SASS), which the driver JIT-compiles on GPUs of that capability "
+        "or later; set by `--ptx-arch`", "build"),
     Var("TERNARY_ALLOW_CUDA_MINOR_MISMATCH", "0", "1: build with a CUDA toolkit whose minor "
         "version differs from torch's (the build report states it)", "build"),
     Var("TERNARY_LOCAL_VERSION", "", "the wheel's local version (`cu124torch2.5`); set by the "

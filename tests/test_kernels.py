@@ -74,6 +74,19 @@ def test_a_build_without_code_for_this_gpu_is_refused_by_every_cuda_path():
                       ).name == "fused", (archs, cap)
 
 
+def test_a_ptx_build_serves_later_gpus_and_is_refused_below_its_arch():
+    """A --ptx-arch build (arch list compute_80) runs on every GPU of 8.0 or later through the
+    driver's JIT, the fused kernel included; a GPU below its arch is refused by name."""
+    for cap in ((8, 0), (8, 9), (9, 0)):
+        assert choose(dataclasses.replace(GPU, capability=cap, extension_archs=("compute_80",))
+                      ).name == "fused", cap
+    old = dataclasses.replace(GPU, capability=(8, 6), extension_archs=("compute_89",))
+    with pytest.raises(kernels.NoKernelError) as info:
+        choose(old)
+    assert ("ternary._C was built as compute_89 PTX only, which runs on compute capability 8.9 "
+            "or later; this GPU is 8.6") in str(info.value), str(info.value)
+
+
 def test_cpu_weights_take_reference():
     assert choose(CPU_ONLY, device="cpu").name == "reference"
     assert choose(GPU, device="cpu").name == "reference"

@@ -47,3 +47,25 @@ def test_get_defaults_and_flags():
     assert not settings.flag("TERNARY_NO_EXTENSION", {})
     with pytest.raises(KeyError, match="TERNARY_NOPE is not declared"):
         settings.get("TERNARY_NOPE")
+
+
+READ = re.compile(r"""(?:os\.environ(?:\.get)?\s*[\[(]|os\.getenv\()\s*["'](TERNARY_[A-Z0-9_]+)""")
+
+
+def test_declared_variables_are_read_through_the_registry():
+    """Python reads a TERNARY_* variable only through ternary.settings (get/raw/flag), so its
+    default lives in one place; only the registry itself touches os.environ for them."""
+    direct = []
+    for path in _sources():
+        if path.suffix != ".py" or path.name == "settings.py":
+            continue
+        for name in READ.findall(path.read_text(errors="replace")):
+            if name not in INTERNAL:
+                direct.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not direct, f"read these through ternary.settings: {direct}"
+
+
+def test_the_read_pattern_finds_a_direct_read():
+    assert READ.findall('x = os.environ.get("TERNARY_CACHE")') == ["TERNARY_CACHE"]
+    assert READ.findall("os.environ['TERNARY_KERNEL']") == ["TERNARY_KERNEL"]
+    assert READ.findall('env["TERNARY_KERNEL"] = "1"') == []

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import tomllib
 from pathlib import Path
 
+from ternary import settings
+
 # The checkout: this file's, or TERNARY_REPO's where the package is installed from a wheel
 # and the tests of a checkout run against it (test-<target>).
-REPO = Path(os.environ.get("TERNARY_REPO") or Path(__file__).resolve().parents[2])
+REPO = Path(settings.raw("TERNARY_REPO") or Path(__file__).resolve().parents[2])
 # A checkout reads envs/targets.toml itself; an installed wheel carries the copy that
 # setup.py puts beside this module at build time.
 TARGETS_TOML = next((p for p in (REPO / "envs" / "targets.toml", Path(__file__).with_name("targets.toml"))
@@ -98,7 +99,7 @@ def arch_to_sm(arch: str) -> str:
 
 
 def _read(path: Path | None) -> tuple[Path, dict]:
-    env = os.environ.get("TERNARY_TARGETS_TOML")
+    env = settings.raw("TERNARY_TARGETS_TOML")
     src = f"{path or env} (from TERNARY_TARGETS_TOML)" if env and not path else None
     path = Path(path or env or TARGETS_TOML)
     src = src or str(path)

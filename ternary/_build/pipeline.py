@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from ternary._build import checks, envs, matrix, reproducible, sass
+from ternary import settings
+from ternary._build import archs, checks, envs, matrix, reproducible, sass
 
 DIST = matrix.REPO / "dist"
 
@@ -34,6 +35,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(GPU hosts whose torch must not be replaced); implies nothing is installed")
     p.add_argument("--host-python", default="python3",
                    help="with --host-torch: the python that holds the host's torch")
+    p.add_argument("--ptx-arch", default=None, metavar="MAJOR.MINOR",
+                   help="compile the device code as PTX of this arch only (8.0: compute_80), "
+                        "no SASS: the driver JIT-compiles it, so an sm_90 GPU runs the sm_80 "
+                        "code path (docs/build.md, PTX builds)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--workdir", type=Path, default=None,
                    help="reproduce-<target>: where the two fresh checkouts go (default: "
@@ -91,20 +96,23 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
                            allow_cuda_minor_mismatch=opts.allow_cuda_minor_mismatch)
     timings["toolchain_s"] = time.monotonic() - t1
     notes += list(tc.notes)
+    ptx = archs.ptx_arch(opts.ptx_arch) if opts.ptx_arch else None
     pre = checks.preflight(cuda_home=tc.cuda_home, torch_cuda=facts["torch_cuda"],
-                           arch_list=target.arch_list,
+                           arch_list=[ptx] if ptx else target.arch_list,
                            allow_cuda_minor_mismatch=opts.allow_cuda_minor_mismatch)
     if pre["minor_mismatch"] != "no" and not tc.minor_mismatch:
         notes.append(f"CUDA {pre['nvcc_version']} compiles for torch built with CUDA "
                      f"{facts['torch_cuda']} (--allow-cuda-minor-mismatch)")
 
-    local = target.local_version
+    local = target.local_version + (f".ptx{ptx.replace('.', '')}" if ptx else "")
     epoch, epoch_from = reproducible.source_date_epoch(matrix.REPO)
     env = {**os.environ, **tc.env,
            "SOURCE_DATE_EPOCH": str(epoch),
            "TERNARY_ARCH_LIST": target.torch_arch_list,
            "TERNARY_LOCAL_VERSION": local,
-           "TERNARY_BUILD_DIR": str(matrix.REPO / "build" / target.name),
+           "TERNARY_BUILD_DIR": str(matrix.REPO / "build" / (
+               target.name + (f"-ptx{ptx.replace('.', '')}" if ptx else ""))),
+           "TERNARY_PTX_ARCH": ptx or "",
            "TERNARY_ALLOW_CUDA_MINOR_MISMATCH": "1" if opts.allow_cuda_minor_mismatch else "0",
            "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2))}
     env.pop("TERNARY_NO_EXTENSION", None)
@@ -112,7 +120,8 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     for old in DIST.glob(f"vllm_ternary-*+{local}-*.whl"):
         old.unlink()
     t2 = time.monotonic()
-    print(f"[{target.name}] compiling ternary._C for {target.torch_arch_list} with {tc.provider} "
+    what = f"{archs.virtual(ptx)} PTX only" if ptx else target.torch_arch_list
+    print(f"[{target.name}] compiling ternary._C for {what} with {tc.provider} "
           f"CUDA {tc.nvcc_version} ...", flush=True)
     # the wheel is built into dist/.building-PID and renamed into dist/ only when complete:
     # a killed build leaves no file with a wheel's final name (the next build removes it)
@@ -138,7 +147,10 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         raise sass.SassError(f"expected one wheel for +{local} in {DIST}, found {wheels}")
     wheel = wheels[0]
     reproducible.normalize_wheel(wheel, epoch)
-    found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
+    if ptx:
+        found = sass.check_wheel(tc.cuobjdump, wheel, (), ptx=(archs.ptx_sm(ptx),))
+    else:
+        found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
     timings["total_s"] = time.monotonic() - t0
     report = {
         "target": target.name,
@@ -147,8 +159,11 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         "nvcc_version": tc.nvcc_version,
         "torch_version": facts["torch"],
         "torch_cuda": facts["torch_cuda"],
-        "arch_list": list(target.arch_list),
-        "sass_expected": list(target.sm_list),
+        "arch_list": [archs.virtual(ptx)] if ptx else list(target.arch_list),
+        "device_code": (f"{archs.virtual(ptx)} PTX only, for JIT: the driver compiles it at "
+                        f"first use on any GPU of compute capability {ptx} or later"
+                        if ptx else "SASS for " + ", ".join(target.sm_list)),
+        "sass_expected": [] if ptx else list(target.sm_list),
         "sass_found": found["sass"],
         "ptx_found": found["ptx"],
         "wheel": str(wheel.relative_to(matrix.REPO)),
@@ -285,6 +300,8 @@ def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
         build_args.append("--allow-cuda-minor-mismatch")
     if opts.host_torch:
         build_args += ["--host-torch", "--host-python", opts.host_python]
+    if opts.ptx_arch:
+        build_args += ["--ptx-arch", opts.ptx_arch]
     workdir = opts.workdir or Path(tempfile.gettempdir()) / f"vllm-ternary-reproduce-{target.name}"
     t0 = time.monotonic()
     result = reproducible.reproduce(matrix.REPO, target.name, build_args, workdir, keep=opts.keep,
@@ -304,7 +321,7 @@ def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
         print(f"error: the two builds of {target.name} differ (listed above). Compare in depth "
               f"with `diffoscope dist/reproduce-{target.name}/1/*.whl "
               f"dist/reproduce-{target.name}/2/*.whl` (pip install diffoscope)", file=sys.stderr)
-        if "-lineinfo" in os.environ.get("TERNARY_NVCC_FLAGS", ""):
+        if "-lineinfo" in settings.get("TERNARY_NVCC_FLAGS"):
             print("note: TERNARY_NVCC_FLAGS has -lineinfo, which writes each source's absolute "
                   "path into the device line tables: unset it for a reproducible build",
                   file=sys.stderr)

@@ -14,6 +14,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from ternary import settings
 from ternary._build.hashing import sha256
 
 # A zip member's time is a DOS date: nothing before 1980-01-01 00:00:00 UTC.
@@ -308,7 +309,7 @@ def checkout(repo: Path, commit: str, dest: Path) -> None:
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("TERNARY_CACHE")
+    base = settings.raw("TERNARY_CACHE")
     return Path(base) if base else Path.home() / ".cache" / "vllm-ternary"
 
 
@@ -338,7 +339,7 @@ def reproduce(repo: Path, target: str, build_args: list[str], workdir: Path, *,
             env.update(variant["env"], TMPDIR=str(tmp))
             if i == 0:
                 # The first reuses the invoking checkout's environments (fast when synced).
-                env["TERNARY_VENVS"] = os.environ.get("TERNARY_VENVS", str(repo / ".venvs"))
+                env["TERNARY_VENVS"] = settings.raw("TERNARY_VENVS") or str(repo / ".venvs")
             else:
                 # The second: its own environment in its clone, its own toolchain cache path
                 # (hard links to the first's cache: no download, another path).

@@ -43,17 +43,26 @@ def extension_from_wheel(wheel: Path, into: Path) -> Path:
         return Path(z.extract(names[0], into))
 
 
-def check_wheel(cuobjdump: Path, wheel: Path, expected: tuple[str, ...]) -> dict[str, list[str]]:
-    """Fail unless the wheel's ternary._C holds SASS for exactly `expected` (sm names)."""
+def check_wheel(cuobjdump: Path, wheel: Path, expected: tuple[str, ...],
+                ptx: tuple[str, ...] | None = None) -> dict[str, list[str]]:
+    """Fail unless the wheel's ternary._C holds SASS for exactly `expected` (sm names) and,
+    where `ptx` is given (a PTX build), PTX for exactly those."""
     with tempfile.TemporaryDirectory() as tmp:
         lib = extension_from_wheel(wheel, Path(tmp))
-        sass, ptx = list_archs(cuobjdump, lib)
+        sass, found_ptx = list_archs(cuobjdump, lib)
     if set(sass) != set(expected):
         missing = sorted(set(expected) - set(sass))
         extra = sorted(set(sass) - set(expected))
         raise SassError(
             f"{wheel.name}: ternary._C holds SASS for {sass or 'nothing'}, but the target's arch list "
-            f"is {list(expected)} (missing {missing or 'none'}, unexpected {extra or 'none'}). "
-            "Check TERNARY_ARCH_LIST / TORCH_CUDA_ARCH_LIST reached the build"
+            f"is {list(expected) or 'no SASS (a PTX build)'} (missing {missing or 'none'}, "
+            f"unexpected {extra or 'none'}). Check TERNARY_ARCH_LIST / TORCH_CUDA_ARCH_LIST / "
+            "TERNARY_PTX_ARCH reached the build and TERNARY_NVCC_FLAGS adds no -gencode"
         )
-    return {"sass": sass, "ptx": ptx}
+    if ptx is not None and set(found_ptx) != set(ptx):
+        raise SassError(
+            f"{wheel.name}: ternary._C holds PTX for {found_ptx or 'nothing'}, but this PTX "
+            f"build asked for {list(ptx)} only. Check TERNARY_PTX_ARCH reached the build and "
+            "TERNARY_NVCC_FLAGS adds no -gencode"
+        )
+    return {"sass": sass, "ptx": found_ptx}

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from ternary import settings
-from ternary.platform import major_minor, arch_covers, is_wsl
+from ternary.platform import arch_covers, device_code, is_wsl, major_minor, ptx_floor
 from typing import Callable
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -172,6 +172,39 @@ def probe_wsl() -> bool:
     return is_wsl()
 
 
+# A fresh interpreter times the CUDA context's creation with every module of the process
+# loaded at once (CUDA_MODULE_LOADING=EAGER) and the driver's JIT cache off, once with
+# ternary._C loaded and once without: the difference is what JIT-compiling the library's
+# PTX costs a process whose cache is cold (~/.nv/ComputeCache keeps it for the next one).
+_JIT_CODE = """
+import sys, time, torch
+if sys.argv[1] == "1":
+    import ternary.ops  # loads ternary._C: its fatbin registers before the context exists
+t = time.perf_counter()
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+print(time.perf_counter() - t)
+"""
+
+
+def probe_jit_seconds() -> float | None:
+    """Seconds the driver takes to JIT-compile ternary._C's PTX on GPU 0 with a cold cache,
+    None where it cannot be measured."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_MODULE_LOADING": "EAGER", "CUDA_CACHE_DISABLE": "1"}
+    times = []
+    for with_ext in ("0", "1"):
+        try:
+            out = subprocess.run([sys.executable, "-c", _JIT_CODE, with_ext], env=env,
+                                 capture_output=True, text=True, timeout=900)
+            times.append(float(out.stdout.strip().splitlines()[-1]))
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+    return max(0.0, times[1] - times[0])
+
+
 @dataclasses.dataclass
 class Probes:
     driver: Callable[[], dict | None] = probe_driver
@@ -184,6 +217,7 @@ class Probes:
     plugin: Callable[[], str] = probe_plugin
     kernel: Callable[[], str] = probe_kernel
     wsl: Callable[[], bool] = probe_wsl
+    jit_seconds: Callable[[], float | None] = probe_jit_seconds
     os_name: Callable[[], str] = lambda: os.name
     env: Callable[[], dict] = lambda: dict(os.environ)
 
@@ -308,10 +342,27 @@ def check_archs(p: Probes, gpus: list[tuple[str, str]]) -> list[Check]:
     archs = _ext.arch_list(info)
     out = [Check("ternary._C", OK, f"built with CUDA {info.get('cuda_version')} for "
                  f"{';'.join(archs)} ({info.get('git_revision', '?')})")]
+    jit: list[float | None] = []  # measured once, for the first GPU that needs it
     for i, (name, cap) in enumerate(gpus):
-        if any(arch_covers(a, cap) for a in archs):
+        code = device_code(archs, cap)
+        if code and code[0] == "ptx":
+            if not jit:
+                jit.append(p.jit_seconds())
+            took = (f"JIT-compiling it took {jit[0]:.1f} s with a cold cache" if jit[0] is not None
+                    else "the JIT's time could not be measured")
+            out.append(Check(f"gpu{i} arch", OK, f"{name} (sm_{cap.replace('.', '')}) runs "
+                             f"{code[1]} PTX: the driver JIT-compiles it when ternary._C loads "
+                             f"({took}; ~/.nv/ComputeCache keeps the result), so this GPU runs "
+                             f"the code path of {code[1]}, not its own SASS"))
+        elif code:
             out.append(Check(f"gpu{i} arch", OK, f"{name} (sm_{cap.replace('.', '')}) is in "
                              f"the compiled arch list {';'.join(archs)}"))
+        elif ptx_floor(archs):
+            out.append(Check(f"gpu{i} arch", FAIL,
+                             f"{name} is compute capability {cap}; ternary._C is "
+                             f"{';'.join(archs)} PTX only, which needs {ptx_floor(archs)} or later",
+                             f"rebuild with --ptx-arch {cap} or lower, or for this GPU's SASS: "
+                             + ", ".join(f"nox -s build-{t}" for t in _targets_for(cap))))
         else:
             fits = _targets_for(cap)
             out.append(Check(f"gpu{i} arch", FAIL,

@@ -56,6 +56,12 @@ def announce_kernel(kernel, layer: torch.nn.Module, group_size: int,
         route = f"{kernel.name} ({large_m_routes(kernel, n, k)})"
     shape = (f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size} "
              f"activation={activation}")
+    if layer.weight.is_cuda:
+        from ternary.platform import detect_platform
+
+        jit = detect_platform(layer.weight.device).jit_ptx
+        if jit:
+            shape += f" ({jit} PTX, JIT-compiled by the driver)"
     logger.info(KERNEL_LOG, route, shape)
 
 

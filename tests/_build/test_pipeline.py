@@ -80,3 +80,8 @@ def test_gpu_smoke_runs_bf16_on_the_fused_kernel():
     assert cmd[-2:] == ["--formats", "ternary"]  # the user's arguments last: they win
     cpu = pipeline.smoke_command(matrix.get("cpu"), Path("py"), [])
     assert "--dtype" not in cpu and "--expect-kernel" not in cpu
+
+
+def test_ptx_arch_option():
+    assert pipeline.parse_args(["--ptx-arch", "8.0", "--", "-m", "gpu"]).ptx_arch == "8.0"
+    assert pipeline.parse_args([]).ptx_arch is None

@@ -279,3 +279,22 @@ def test_kernel_policy_with_another_api_warns():
 
     c = by_name(doctor.run_checks(gpu_probes(kernel=old_api)))["kernel path"]
     assert c.verdict == WARN and "detect_platform" in c.detail
+
+
+def test_a_ptx_build_on_a_later_gpu_is_ok_and_says_the_driver_jit_compiles_it():
+    p = gpu_probes(build_info=lambda: ({"cuda_version": "13.0", "arch_list": "compute_80"}, None),
+                   torch=lambda: {"version": "2.11.0+cu130", "cuda": "13.0", "available": True,
+                                  "devices": [H100, H100]},
+                   jit_seconds=lambda: 41.25)
+    c = by_name(doctor.run_checks(p))
+    assert c["gpu0 arch"].verdict == OK and c["gpu1 arch"].verdict == OK
+    assert "runs compute_80 PTX: the driver JIT-compiles it" in c["gpu0 arch"].detail
+    assert "took 41.2 s with a cold cache" in c["gpu0 arch"].detail
+
+
+def test_a_ptx_build_above_the_gpu_fails_and_says_what_to_rebuild():
+    p = gpu_probes(build_info=lambda: ({"cuda_version": "12.4", "arch_list": "compute_89"}, None),
+                   jit_seconds=lambda: pytest.fail("no JIT to time: the GPU cannot run it"))
+    c = by_name(doctor.run_checks(p))["gpu0 arch"]
+    assert c.verdict == FAIL and "compute_89 PTX only, which needs 8.9 or later" in c.detail
+    assert "--ptx-arch 8.0 or lower" in c.fix and "nox -s build-a100" in c.fix

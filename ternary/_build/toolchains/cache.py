@@ -14,13 +14,14 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ternary import settings
 from ternary._build.hashing import sha256
 
 STAMP = ".ternary-toolchain.json"
 
 
 def root() -> Path:
-    base = os.environ.get("TERNARY_CACHE")
+    base = settings.raw("TERNARY_CACHE")
     return (Path(base) if base else Path.home() / ".cache" / "vllm-ternary") / "toolchains"
 
 
