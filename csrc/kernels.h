@@ -25,6 +25,15 @@ cudaError_t launch_gemm(const void* x, int64_t ldx, const uint8_t* packed, const
                         const void* bias, void* y, DType dtype, int64_t m, int64_t n, int64_t k,
                         int64_t group_size, bool per_tensor, cudaStream_t stream);
 
+// W1.58A8 on int8 tensor cores (gemm_a8.cu): y[m, n] = (xq[m, :] . w[n, :]) * scale / s[m]
+// (+ bias[n]) from the canonical packed [n, k/4] codes; xq int8 [m, k] (rows k bytes apart,
+// 4-byte aligned, k a multiple of 4), s float32 [m] (x_q = round(x * s)), scale float32 [n]
+// or one value (per_tensor). kInt32 writes the raw int32 sums (no scale, s or bias).
+enum class A8Out : int { kHalf = 0, kBFloat16 = 1, kFloat = 2, kInt32 = 3 };
+cudaError_t launch_gemm_a8(const int8_t* xq, const float* s, const uint8_t* packed,
+                           const float* scale, const void* bias, void* y, A8Out out, int64_t m,
+                           int64_t n, int64_t k, bool per_tensor, cudaStream_t stream);
+
 // Fused path (fused/). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout
 // common/layout.cuh describes; launch_repack writes it from the canonical packed [n, k/4].
 cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,

@@ -412,6 +412,67 @@ std::tuple<at::Tensor, at::Tensor> quantize_act_int8_cuda(const at::Tensor& x,
   return {q, s};
 }
 
+// ternary::gemm_a8 (gemm_a8.cu): xq int8 [M, K], s float32 [M, 1] or [M], the canonical packed
+// [N, K/4] weight, a channel [N] or tensor [1] float32 scale, bias [N] of out_dtype (none for
+// int32) -> [M, N] of out_dtype. ternary.ops.gemm_a8 checks the same in Python first
+// (check_gemm_a8); these guard calls that come without it.
+at::Tensor gemm_a8_cuda(const at::Tensor& xq, const at::Tensor& s, const at::Tensor& packed,
+                        const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                        at::ScalarType out_dtype) {
+  TORCH_CHECK_VALUE(packed.scalar_type() == at::kByte && packed.dim() == 2,
+      msg("gemm_a8: packed must be a uint8 [N, K/4] tensor; got ", packed.scalar_type(), " ",
+          packed.sizes()));
+  const int64_t n = packed.size(0), k = packed.size(1) * 4;
+  TORCH_CHECK_VALUE(xq.scalar_type() == at::kChar && xq.dim() == 2 && xq.size(1) == k,
+      msg("gemm_a8 takes xq int8 [M, K] with K=", k, "; got ", xq.scalar_type(), " ",
+          xq.sizes()));
+  const int64_t m = xq.size(0);
+  TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.numel() == m && (s.dim() == 1 || s.dim() == 2),
+      msg("gemm_a8 takes s float32 [M, 1] or [M] with M=", m, "; got ", s.scalar_type(), " ",
+          s.sizes()));
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat && scale.dim() == 1 &&
+                    (scale.size(0) == n || scale.size(0) == 1),
+      msg("gemm_a8 takes a channel scale float32 [", n, "] or a tensor scale [1]; got ",
+          scale.scalar_type(), " ", scale.sizes()));
+  A8Out out;
+  switch (out_dtype) {
+    case at::kHalf: out = A8Out::kHalf; break;
+    case at::kBFloat16: out = A8Out::kBFloat16; break;
+    case at::kFloat: out = A8Out::kFloat; break;
+    case at::kInt: out = A8Out::kInt32; break;
+    default:
+      TORCH_CHECK_VALUE(false, msg("gemm_a8 writes float16, bfloat16, float32 or int32; got "
+                                   "out_dtype=", out_dtype));
+  }
+  if (bias) {
+    TORCH_CHECK_VALUE(out_dtype != at::kInt && bias->scalar_type() == out_dtype &&
+                      bias->dim() == 1 && bias->size(0) == n,
+        msg("gemm_a8's bias must be [", n, "] of out_dtype ", out_dtype, " (none with int32 "
+            "sums); got ", bias->scalar_type(), " ", bias->sizes()));
+  }
+  for (const at::Tensor* t : {&xq, &s, &packed, &scale})
+    TORCH_CHECK(t->device() == xq.device(),
+                msg("gemm_a8: every tensor must be on xq's device ", xq.device(), "; got ",
+                    t->device()));
+  TORCH_CHECK(xq.is_cuda(), msg("gemm_a8: xq must be a CUDA tensor; got ", xq.device()));
+  const c10::cuda::CUDAGuard guard(xq.device());
+  at::Tensor y = at::empty({m, n}, xq.options().dtype(out_dtype));
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return y.zero_();
+  // the kernel reads x rows as 4-byte words: contiguous rows from an aligned start
+  at::Tensor xc = xq.contiguous();
+  if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16) xc = xc.clone();
+  const at::Tensor pc = packed.contiguous(), sc = s.contiguous(), wc = scale.contiguous();
+  at::Tensor bc;
+  if (bias) bc = bias->contiguous();
+  check_cuda(launch_gemm_a8(xc.data_ptr<int8_t>(), sc.data_ptr<float>(), pc.data_ptr<uint8_t>(),
+                            wc.data_ptr<float>(), bias ? bc.data_ptr() : nullptr, y.data_ptr(),
+                            out, m, n, k, scale.size(0) == 1 && n != 1,
+                            at::cuda::getCurrentCUDAStream()),
+             msg("gemm_a8 (m=", m, ", n=", n, ", k=", k, ", out ", out_dtype, ")"));
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -425,6 +486,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("dequantize_repacked", &dequantize_repacked_cuda);
   m.impl("linear_fused", &linear_fused_cuda);
   m.impl("quantize_act_int8", &quantize_act_int8_cuda);
+  m.impl("gemm_a8", &gemm_a8_cuda);
 }
 
 }  // namespace ternary

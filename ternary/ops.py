@@ -41,6 +41,10 @@ LIB.define("linear_fused(Tensor x, Tensor repacked, Tensor? packed, Tensor scale
 # Activation int8_per_token (docs/formats.md): x -> (x_q, s) with x ~= x_q / s per row; x_q in
 # out_dtype (int8, or x's float dtype for the float kernels, where |x_q| <= 128 is exact).
 LIB.define("quantize_act_int8(Tensor x, ScalarType out_dtype) -> (Tensor, Tensor)")
+# W1.58A8 on int8 tensor cores: the integer sum xq . w (int32, exact) times scale, over s, plus
+# bias, one float32 epilogue into out_dtype; int32 out_dtype returns the raw sums.
+LIB.define("gemm_a8(Tensor xq, Tensor s, Tensor packed, Tensor scale, Tensor? bias, "
+           "ScalarType out_dtype) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -197,6 +201,35 @@ def check_quantize_act(x: torch.Tensor, out_dtype: torch.dtype) -> None:
                          f"out_dtype={out_dtype}")
 
 
+A8_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
+
+
+def check_gemm_a8(xq: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None, out_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(M, N, K) of a gemm_a8 call, or a ValueError naming the argument."""
+    n, k = check_packed(packed)
+    if xq.dtype != torch.int8 or xq.dim() != 2 or xq.shape[1] != k:
+        raise ValueError(f"gemm_a8 takes xq int8 [M, K] with K={k} (the packed weight "
+                         f"{list(packed.shape)}); got {xq.dtype} {list(xq.shape)}: quantize x "
+                         "with quantize_act_int8(x, torch.int8) first")
+    m = xq.shape[0]
+    if s.dtype != torch.float32 or s.numel() != m or s.dim() not in (1, 2):
+        raise ValueError(f"gemm_a8 takes s float32 [M, 1] or [M] with M={m} (quantize_act_int8's "
+                         f"scale); got {s.dtype} {list(s.shape)}")
+    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] not in (1, n):
+        raise ValueError(f"gemm_a8 takes a channel scale float32 [N]={[n]} or a tensor scale [1]; "
+                         f"got {scale.dtype} {list(scale.shape)} (group scales run through "
+                         "linear_a8's float path)")
+    if out_dtype not in A8_OUT_DTYPES:
+        raise ValueError(f"gemm_a8 writes {A8_OUT_DTYPES}; got out_dtype={out_dtype}")
+    if bias is not None and (out_dtype == torch.int32 or bias.dtype != out_dtype
+                             or list(bias.shape) != [n]):
+        raise ValueError(f"gemm_a8's bias must be [N]={[n]} of out_dtype {out_dtype} (none with "
+                         f"int32 sums); got {bias.dtype} {list(bias.shape)}")
+    check_same_device(xq=xq, s=s, packed=packed, scale=scale, bias=bias)
+    return m, n, k
+
+
 def bad_scale_values(scale: torch.Tensor) -> str | None:
     """What is wrong with a scale's values (NaN, inf or zero; every reader and the kernels'
     prepare refuse them), or None."""
@@ -230,6 +263,20 @@ def _quantize_rows(xf: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype
     s = amax.clamp(min=ACT_EPS).reciprocal() * ACT_QMAX
     q = (xf * s).round().clamp(ACT_QMIN, ACT_QMAX)
     return q.to(out_dtype), s
+
+
+def _gemm_a8_ref(xq, s, packed, scale, bias, out_dtype):
+    """The integer sums in float64 (exact while |sum| < 2^53; 128 * K is far below), then the
+    kernel's float32 epilogue in its order: sum * scale, / s, + bias, rounded to out_dtype."""
+    m, n, _ = check_gemm_a8(xq, s, packed, scale, bias, out_dtype)
+    w = _unpack_ref(packed).to(torch.float64)
+    acc = xq.to(torch.float64) @ w.T
+    if out_dtype == torch.int32:
+        return acc.to(torch.int32)
+    y = acc.to(torch.float32) * scale.view(1, -1) / s.reshape(m, 1)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype)
 
 
 def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
@@ -359,6 +406,7 @@ LIB.impl("dequantize_repacked", _dequantize_repacked_ref, "CompositeExplicitAuto
 LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("quantize_act_int8", _quantize_act_int8_ref, "CompositeExplicitAutograd")
+LIB.impl("gemm_a8", _gemm_a8_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -426,6 +474,12 @@ def _linear_fused_fake(x, repacked, packed, scale, group_size, n, max_m, bias):
     return x.new_empty((*x.shape[:-1], n))
 
 
+@_register_fake("ternary::gemm_a8")
+def _gemm_a8_fake(xq, s, packed, scale, bias, out_dtype):
+    m, n, _ = check_gemm_a8(xq, s, packed, scale, bias, out_dtype)
+    return xq.new_empty((m, n), dtype=out_dtype)
+
+
 @_register_fake("ternary::quantize_act_int8")
 def _quantize_act_int8_fake(x, out_dtype):
     check_quantize_act(x, out_dtype)
@@ -461,6 +515,17 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, group_size:
          bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ W^T (+ bias) for the dense weight W that packed and scale define."""
     return torch.ops.ternary.gemm(x, packed, scale, group_size, bias)
+
+
+def gemm_a8(xq: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor,
+            bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16
+            ) -> torch.Tensor:
+    """y = (xq . w) * scale / s (+ bias) on int8 tensor cores (CUDA; the reference elsewhere):
+    xq int8 [M, K] and s float32 [M, 1] from quantize_act_int8(x, torch.int8), the canonical
+    packed weight and its channel or tensor scale. The integer sum is exact (int32); the
+    epilogue is one float32 pass. out_dtype torch.int32 returns the raw sums."""
+    check_gemm_a8(xq, s, packed, scale, bias, out_dtype)  # one wording on every device
+    return torch.ops.ternary.gemm_a8(xq, s, packed, scale, bias, out_dtype)
 
 
 def repack(packed: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,214 @@
+"""ternary::gemm_a8, W1.58A8 on int8 tensor cores (csrc/gemm_a8.cu).
+
+CPU: the PyTorch reference's integer sums against int64 arithmetic written here, its
+epilogue against float64, the fake kernel and the argument errors.
+GPU (`-m gpu`): the CUDA kernel's int32 sums bit for bit against int64, its epilogue bit for
+bit against the reference's float32 order and within rounding of float64, on fresh random
+inputs of odd shapes (K not a multiple of the 64-wide tile, odd N, M from 1 to 16384),
+every element written (poisoned outputs), under CUDA graphs and torch.compile.
+
+    python -m pytest tests/test_gemm_a8.py -m gpu -q
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ternary import ops
+
+OUT = (torch.bfloat16, torch.float16, torch.float32)
+# the output's rounding, relative to the result (2^-8, 2^-11, 2^-24); the float32 epilogue's
+# three roundings add EPI relative to its terms (the product and the bias: they can cancel)
+REL = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}
+EPI = 2**-22
+SHAPES = ((1, 1, 4), (1, 37, 68), (3, 64, 64), (5, 65, 132), (16, 129, 260), (17, 96, 1000),
+          (64, 2560, 2560), (100, 3840, 2560), (257, 63, 6912), (1024, 131, 516),
+          (4096, 200, 128), (16384, 72, 96))
+
+
+def _rng(extra: int = 0) -> random.Random:
+    seed = random.randrange(2**31) + extra
+    print(f"seed {seed}")
+    torch.manual_seed(seed)
+    return random.Random(seed)
+
+
+def _case(m, n, k, device, per_tensor=False, bias_dtype=None):
+    xq = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    s = (torch.rand(m, 1) * 100 + 0.5).to(torch.float32)
+    scale = torch.rand(1 if per_tensor else n) + 0.25
+    bias = torch.randn(n).to(bias_dtype) if bias_dtype is not None else None
+    packed = ops.pack(codes)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return [to(t) for t in (xq, s, packed, scale, bias)], codes
+
+
+def _int64(xq: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """The sums in int64, block by block (CPU integer matmul)."""
+    return xq.cpu().to(torch.int64) @ codes.to(torch.int64).T
+
+
+def _float64(acc: torch.Tensor, s, scale, bias) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the float64 result, the size of its terms)."""
+    y = acc.to(torch.float64) * scale.cpu().double().view(1, -1) / s.cpu().double().view(-1, 1)
+    if bias is None:
+        return y, y.abs()
+    b = bias.cpu().double()
+    return y + b, y.abs() + b.abs()
+
+
+def _within_rounding(y: torch.Tensor, ref_terms, dtype, what: str) -> None:
+    ref, terms = ref_terms
+    y = y.cpu().double()
+    assert torch.isfinite(y).all(), f"{what}: {int((~torch.isfinite(y)).sum())} unwritten/NaN"
+    bound = ref.abs() * REL[dtype] + terms * EPI + 1e-30
+    bad = (y - ref).abs() > bound
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {y.numel()} outputs beyond float "
+                           f"rounding; first at {bad.nonzero()[0].tolist()}")
+
+
+# ---------------------------------------------------------------------------------------
+# CPU: the reference
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 5, 4), (7, 33, 132), (20, 64, 1000)])
+def test_reference_sums_are_the_int64_sums(m, n, k):
+    _rng(m)
+    (xq, s, packed, scale, _), codes = _case(m, n, k, "cpu")
+    got = ops.gemm_a8(xq, s, packed, scale, out_dtype=torch.int32)
+    assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), _int64(xq, codes))
+
+
+@pytest.mark.parametrize("dtype", OUT)
+def test_reference_epilogue_within_rounding_of_float64(dtype):
+    _rng()
+    for per_tensor in (False, True):
+        (xq, s, packed, scale, bias), codes = _case(9, 70, 260, "cpu", per_tensor, dtype)
+        y = ops.gemm_a8(xq, s, packed, scale, bias, dtype)
+        assert y.dtype == dtype and y.shape == (9, 70)
+        _within_rounding(y, _float64(_int64(xq, codes), s, scale, bias), dtype, "reference")
+
+
+def test_fake_kernel_gives_shape_and_dtype():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    (xq, s, packed, scale, _), _ = _case(3, 10, 16, "cpu")
+    with FakeTensorMode() as mode:
+        args = [mode.from_tensor(t) for t in (xq, s, packed, scale)]
+        y = ops.gemm_a8(*args, out_dtype=torch.float16)
+    assert y.shape == (3, 10) and y.dtype == torch.float16
+
+
+def _bad_calls(device):
+    (xq, s, packed, scale, _), _ = _case(4, 8, 16, device)
+    bf = torch.zeros(8, dtype=torch.bfloat16, device=device)
+    return [
+        ((xq.float(), s, packed, scale, None, torch.bfloat16), "xq int8 \\[M, K\\] with K=16"),
+        ((xq[:, :12], s, packed, scale, None, torch.bfloat16), "with K=16"),
+        ((xq, s[:3], packed, scale, None, torch.bfloat16), "s float32 \\[M, 1\\] or \\[M\\] with M=4"),
+        ((xq, s, packed, scale.view(8, 1).expand(8, 2).contiguous(), None, torch.bfloat16),
+         "group scales"),
+        ((xq, s, packed, scale, None, torch.int8), "out_dtype=torch.int8"),
+        ((xq, s, packed, scale, bf, torch.int32), "none with int32 sums"),
+        ((xq, s, packed, scale, bf, torch.float16), "of out_dtype torch.float16"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_bad_arguments_are_refused_by_name(i):
+    args, pattern = _bad_calls("cpu")[i]
+    with pytest.raises(ValueError, match=pattern):
+        ops.gemm_a8(*args)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the CUDA kernel
+
+
+def _poison(shape, dtype):
+    fill = -(2**31) if dtype == torch.int32 else float("nan")
+    t = torch.full(shape, fill, dtype=dtype, device="cuda")
+    del t  # the op's output of this size takes the same block from the caching allocator
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_cuda_int32_sums_bit_exact(m, n, k):
+    _rng(m * 7 + n)
+    (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
+    _poison((m, n), torch.int32)
+    got = ops.gemm_a8(xq, s, packed, scale, out_dtype=torch.int32)
+    torch.cuda.synchronize()
+    ref = _int64(xq, codes)
+    diff = got.cpu().to(torch.int64) != ref
+    assert not diff.any(), (f"m={m} n={n} k={k}: {int(diff.sum())} of {m * n} sums differ; "
+                            f"first at {diff.nonzero()[0].tolist()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", OUT)
+@pytest.mark.parametrize("m,n,k", SHAPES[::2] + SHAPES[1::4])
+def test_cuda_epilogue(m, n, k, dtype):
+    rng = _rng(m + k)
+    per_tensor = rng.random() < 0.3
+    with_bias = rng.random() < 0.6
+    (xq, s, packed, scale, bias), codes = _case(m, n, k, "cuda", per_tensor,
+                                                dtype if with_bias else None)
+    _poison((m, n), dtype)
+    y = ops.gemm_a8(xq, s, packed, scale, bias, dtype)
+    torch.cuda.synchronize()
+    what = f"m={m} n={n} k={k} {dtype} per_tensor={per_tensor} bias={with_bias}"
+    _within_rounding(y, _float64(_int64(xq, codes), s, scale, bias), dtype, what)
+    cpu = ops._gemm_a8_ref(*(t.cpu() if t is not None else None for t in (xq, s, packed, scale, bias)),
+                           dtype)
+    same = y.cpu().view(torch.int16 if dtype != torch.float32 else torch.int32) == cpu.view(
+        torch.int16 if dtype != torch.float32 else torch.int32)
+    assert same.all(), f"{what}: {int((~same).sum())} outputs differ from the float32 reference"
+
+
+@pytest.mark.gpu
+def test_cuda_errors_name_the_argument():
+    for args, pattern in _bad_calls("cuda"):
+        with pytest.raises((ValueError, RuntimeError), match=pattern):
+            ops.gemm_a8(*args)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replay():
+    _rng()
+    m, n, k = 33, 130, 2564
+    (xq, s, packed, scale, bias), codes = _case(m, n, k, "cuda", False, torch.bfloat16)
+    ops.gemm_a8(xq, s, packed, scale, bias)  # warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ops.gemm_a8(xq, s, packed, scale, bias)
+    for _ in range(3):
+        fresh = torch.randint(-128, 128, (m, k), dtype=torch.int8)
+        xq.copy_(fresh)
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _within_rounding(y, _float64(_int64(fresh, codes), s, scale, bias), torch.bfloat16,
+                         "graph replay")
+
+
+@pytest.mark.gpu
+def test_cuda_torch_compile_quantize_then_gemm():
+    _rng()
+    n, k = 96, 1028
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
+    packed, scale = ops.pack(codes).cuda(), (torch.rand(n) + 0.5).cuda()
+
+    def layer(x):
+        xq, s = ops.quantize_act_int8(x, torch.int8)
+        return ops.gemm_a8(xq, s, packed, scale, None, torch.bfloat16)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for m in (1, 7, 300):
+        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+        torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
