@@ -216,21 +216,11 @@ def leftovers(before: set[int], settle: float = 3.0) -> set[int]:
     in it before the fault, and any orphan reparented to this process (a subreaper)."""
     deadline = time.monotonic() + settle
     while True:
-        _reap_orphans()
+        supervise.reap()  # the orphans reparented here
         left = {p for p in before | descendants(os.getpid()) if alive(p)}
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
-
-
-def _reap_orphans() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _kill(pids: set[int]) -> None:
