@@ -333,10 +333,12 @@ class Supervisor:
         current = descendants(me)
         for pid in current:
             st = zombie_status(pid)
-            if pid in self.dead:
-                if st is not None:
-                    continue
-                # a live process under a PID seen dead before: a new one (PIDs are reused)
+            if pid in self.dead and st is not None:
+                continue
+            if st is None and pid not in self.known:
+                # first seen alive: what is held for its PID (a status read before this
+                # listing, a death) was an earlier process's; PIDs are reused (pid_max is
+                # often 32768), and a helper reaped unseen left its status in the record
                 self.dead.discard(pid)
                 self.reaped.pop(pid, None)
                 self.zombies.pop(pid, None)

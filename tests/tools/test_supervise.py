@@ -276,3 +276,15 @@ def test_an_orphan_killed_by_its_parents_death_is_not_the_cause(seen, monkeypatc
     death = seen._scan()
     assert death is not None and death.pid == SERVER, death
     assert supervise.describe(death.status) == "SIGSEGV"
+
+
+def test_a_status_left_by_an_earlier_process_under_a_reused_pid_is_not_a_death(
+        seen, monkeypatch):
+    """A helper the supervisor never saw was reaped (its exit 1 recorded); a new process
+    of the tree gets its PID: alive, it must not be reported dead with the old status."""
+    reused = 4_000_002
+    _record(seen, reused, 1 << 8)
+    monkeypatch.setattr(supervise, "descendants", lambda _pid: {SERVER, ENGINE, reused})
+    monkeypatch.setattr(supervise, "zombie_status", lambda _pid: None)
+    assert seen._scan() is None
+    assert reused in seen.known and reused not in seen.dead
