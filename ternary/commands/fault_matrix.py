@@ -6,6 +6,8 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
+    from ternary.tools.fault_matrix import TINY_MODELS
+
     p.add_argument("--short", action="store_true",
                    help="one server, three faults (dropped streams, flood, SIGKILL of the "
                         "engine): what .ci/run runs")
@@ -19,8 +21,9 @@ def add_arguments(p) -> None:
     p.add_argument("--soak-s", type=float, default=600, help="with --load: the soak (s)")
     p.add_argument("--requests", type=int, default=2000, help="with --load")
     p.add_argument("--clients", type=int, default=128, help="with --load")
-    p.add_argument("--formats", default="ternary,bitnet",
-                   help="with --load: make-tiny formats to serve, comma-separated")
+    p.add_argument("--formats", default=",".join(TINY_MODELS),
+                   help=f"with --load: make-tiny models to serve, comma-separated, from "
+                        f"{list(TINY_MODELS)} (bitnet-arch: BitNetForCausalLM; default: all)")
     p.add_argument("--work", type=Path, help="models and server logs here (kept)")
     p.add_argument("--health-timeout", type=float, default=600)
 

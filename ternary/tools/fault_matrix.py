@@ -15,9 +15,10 @@ started before the fault that got neither an answer nor a 503. Requests in fligh
 engine is killed cannot be answered; they count only if answered wrongly.
 
 --short: one server, three faults (dropped streams, flood, SIGKILL of the engine), a few
-minutes on 2 cores (.ci/run). --load: instead, issue 37's 10x load on each model: 2,000
-requests from 128 clients, a fifth malformed (each must be a 4xx), answers equal to the
-sequential baseline, p50/p99 latency, and the server tree's memory (PSS) over a soak.
+minutes on 2 cores (.ci/run). --load: instead, issue 37's 10x load on each make-tiny model
+(ternary and bitnet: Llama; bitnet-arch: BitNetForCausalLM): 2,000 requests from 128
+clients, a fifth malformed (each must be a 4xx), answers equal to the sequential baseline,
+p50/p99 latency, and the server tree's memory (PSS) over a soak.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from ternary.tools import supervise
 from ternary.tools.engine import alive, cpu_env_defaults, descendants, free_port
-from ternary.tools.smoke import Server, server_command
+from ternary.tools.smoke import TINY_MODELS, Server, server_command
 
 HEALTH_TIMEOUT_S = 600
 EXIT_WITHIN_S = 5.0
@@ -215,21 +216,11 @@ def leftovers(before: set[int], settle: float = 3.0) -> set[int]:
     in it before the fault, and any orphan reparented to this process (a subreaper)."""
     deadline = time.monotonic() + settle
     while True:
-        _reap_orphans()
+        supervise.reap()  # the orphans reparented here
         left = {p for p in before | descendants(os.getpid()) if alive(p)}
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
-
-
-def _reap_orphans() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _kill(pids: set[int]) -> None:
@@ -263,11 +254,13 @@ class Bench:
         self.refs: dict[str, dict[str, str]] = {}
 
     def model(self, fmt: str) -> Path:
+        """make-tiny's model `fmt`, a key of smoke's TINY_MODELS (bitnet-arch:
+        BitNetForCausalLM), written once."""
         from ternary.tools.synthetic import tiny
 
         if fmt not in self.models:
             self.say(f"writing the tiny {fmt} model")
-            self.models[fmt] = tiny.make(self.work / f"tiny-{fmt}", fmt)
+            self.models[fmt] = tiny.make(self.work / f"tiny-{fmt}", **TINY_MODELS[fmt])
         return self.models[fmt]
 
     def start(self, tag: str, fmt: str = "ternary", max_num_seqs: int | None = MAX_NUM_SEQS
@@ -502,9 +495,14 @@ def load_run(b: Bench, fmt: str, total: int, clients: int, soak_s: float) -> Loa
 
 
 def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
-         total: int = 2000, clients: int = 128, formats: tuple[str, ...] = ("ternary", "bitnet"),
+         total: int = 2000, clients: int = 128, formats: tuple[str, ...] = tuple(TINY_MODELS),
          work: Path | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
          only: tuple[str, ...] = ()) -> int:
+    unknown = [f for f in formats if f not in TINY_MODELS]
+    if load and unknown:  # before any model is written or server started
+        print(f"ternary fault-matrix: error: --formats: unknown {unknown}; choose from "
+              f"{list(TINY_MODELS)}", file=sys.stderr)
+        return 2
     supervise._prctl(supervise.PR_SET_CHILD_SUBREAPER, 1)  # orphans come here, counted
     cpu_env_defaults()
     work = work or Path(tempfile.mkdtemp(prefix="ternary-faults-"))

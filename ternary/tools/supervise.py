@@ -19,10 +19,11 @@ The supervisor (Linux):
   tree's Python processes record each child they reap (TERNARY_SUPERVISED_DEATHS). A
   descendant that dies by a signal or a non-zero exit, or a vLLM process (VLLM::*, a
   multiprocessing child; not a fork that inherited its name) that disappears at all, and
-  whose parent did not die first, stops the server: one line `<label>: <name> (pid N)
-  died: <how>; stopping the server`, SIGTERM to the tree, DEATH_GRACE_S, SIGKILL to every
-  process left and the process group; exit status 128+signal or the exit code (1 when it
-  was 0);
+  that did not die because its parent had (an orphan reparented here, killed by the
+  parent-death signal), stops the server, in preference to the server's own exit seen in
+  the same scan: one line `<label>: <name> (pid N) died: <how>; stopping the server`,
+  SIGTERM to the tree, DEATH_GRACE_S, SIGKILL to every process left and the process group;
+  exit status 128+signal or the exit code (1 when it was 0);
 - SIGTERM/SIGINT to the supervisor: the draining marker (TERNARY_SUPERVISED_DRAINING: new
   requests get 503, ternary.vllm.drain), DRAIN_NOTICE_S later SIGTERM to the child only
   (vLLM drains the requests in flight and stops its own processes), at most DRAIN_S, then
@@ -168,8 +169,9 @@ def _ppid(pid: int) -> int:
         return 0
 
 
-def zombie_status(pid: int) -> int | None:
-    """The wait status of a zombie (field 52 of /proc/<pid>/stat), None if it is not one."""
+def zombie_status(pid: int) -> tuple[int, int] | None:
+    """(wait status, parent PID) of a zombie (fields 52 and 4 of /proc/<pid>/stat, read
+    together: who holds it says whether its parent outlived it); None if it is not one."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -177,9 +179,23 @@ def zombie_status(pid: int) -> int | None:
     if fields[0] != "Z" or len(fields) < 50:
         return None
     try:
-        return int(fields[49])
+        return int(fields[49]), int(fields[1])
     except ValueError:
         return None
+
+
+def reap() -> list[tuple[int, int]]:
+    """(pid, wait status) of every child of this process that has exited, reaped now
+    without waiting (a subreaper's orphans among them)."""
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, status))
 
 
 def describe(status: int | None) -> str:
@@ -274,21 +290,20 @@ class Supervisor:
         self.parents: dict[int, int] = {}  # pid -> its parent when last seen alive
         self.reaped: dict[int, int] = {}  # pid -> wait status (reaped here or in the tree)
         self.zombies: dict[int, int] = {}  # pid -> wait status read from /proc
+        # descendants whose status this process collected (reaped, or a zombie it holds):
+        # they died reparented here, after their own parent had exited
+        self.orphans: set[int] = set()
         self.names_of_dead: dict[int, str] = {}
         self.dead: set[int] = set()  # descendants already seen gone (or zombies)
 
     # -- the tree ----------------------------------------------------------------------
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reap():
             if self.proc is not None and pid == self.proc.pid:
                 self.proc.returncode = (-os.WTERMSIG(status) if os.WIFSIGNALED(status)
                                         else os.WEXITSTATUS(status))
+            else:
+                self.orphans.add(pid)
             self.reaped[pid] = status
 
     def _read_reaps(self) -> None:
@@ -308,22 +323,30 @@ class Supervisor:
         return self.reaped.get(self.proc.pid) if self.proc else None
 
     def _scan(self) -> Death | None:
-        """Updates the known tree; the descendant death that stops the server, if any: one
+        """Updates the known tree; the death that stops the server, if any: a descendant's
         that failed (a signal, a non-zero exit) or a vital process gone, and not the
-        consequence of its parent's death (the parent-death signal kills the rest)."""
+        consequence of its parent's death (the parent-death signal kills the rest); else
+        the server's own exit. A descendant's death comes first: vLLM's server exits 0
+        right after its engine died, and both can be seen in one scan."""
+        me = os.getpid()
         self._read_reaps()
-        current = descendants(os.getpid())
+        current = descendants(me)
         for pid in current:
             st = zombie_status(pid)
-            if pid in self.dead:
-                if st is not None:
-                    continue
-                # a live process under a PID seen dead before: a new one (PIDs are reused)
+            if pid in self.dead and st is not None:
+                continue
+            if st is None and pid not in self.known:
+                # first seen alive: what is held for its PID (a status read before this
+                # listing, a death) was an earlier process's; PIDs are reused (pid_max is
+                # often 32768), and a helper reaped unseen left its status in the record
                 self.dead.discard(pid)
                 self.reaped.pop(pid, None)
                 self.zombies.pop(pid, None)
+                self.orphans.discard(pid)
             if st is not None:
-                self.zombies[pid] = st
+                self.zombies[pid] = st[0]
+                if st[1] == me and pid != self.proc.pid:
+                    self.orphans.add(pid)
             else:  # re-read: a process names itself after it starts (VLLM::EngineCore)
                 name, ppid = proc_name(pid), _ppid(pid)
                 if name != "?":  # "?": it died while being read; keep what was seen
@@ -343,13 +366,25 @@ class Supervisor:
             self.names_of_dead[pid] = name
             deaths.append(Death(pid, name, status, self.parents.get(pid, 0)))
             self.dead.add(pid)
+        server = None
         for d in deaths:
-            if d.ppid in self.dead and d.ppid != os.getpid():
-                continue  # its parent died first
-            if d.pid == self.proc.pid or failed(d.status) or (
-                    d.status is None and self._vital(d)):
+            if d.pid == self.proc.pid:
+                server = d
+            elif not self._consequence(d) and (
+                    failed(d.status) or (d.status is None and self._vital(d))):
                 return d
-        return None
+        return server
+
+    def _consequence(self, d: Death) -> bool:
+        """Whether `d` died because its parent did (the parent-death signal): it died an
+        orphan, reparented here from a parent in the tree. A status its parent recorded,
+        or a zombie its parent holds, says the parent outlived it, even when the parent's
+        own end is seen in the same scan."""
+        if d.ppid in (0, os.getpid()):
+            return False
+        if d.status is None:  # whoever reaped it did not say: go by what was seen
+            return d.ppid in self.dead
+        return d.pid in self.orphans
 
     def _await_records(self, pids: list[int]) -> None:
         """A process its parent reaped between our read of the record file and our listing

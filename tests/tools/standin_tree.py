@@ -1,12 +1,14 @@
 """A stand-in for vLLM's server process tree, plain Python: this script (the "API server")
 spawns an engine (comm VLLM::EngineCore), which spawns a worker (VLLM::Worker); a spawn
 Lock starts multiprocessing's resource tracker. It writes every PID to argv[1] as JSON, then
-waits. Like vLLM 0.32 on CPU, when the engine dies the server exits 0 half a second later
-and leaves the worker running; SIGTERM stops it all and exits 0."""
+waits. Like vLLM 0.32 on CPU, when the engine dies the server exits 0 argv[2] seconds later
+(0.5 by default; 0: at once, so a supervisor sees both ends in one scan) and leaves the
+worker running; SIGTERM stops it all and exits 0."""
 
 import ctypes
 import json
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -37,6 +39,7 @@ def engine(q, lock) -> None:
 
 def main() -> None:
     out = sys.argv[1]
+    exit_after = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
     ctx = mp.get_context("spawn")
     q, lock = ctx.Queue(), ctx.Lock()
     e = ctx.Process(target=engine, args=(q, lock))
@@ -54,10 +57,10 @@ def main() -> None:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     while not stop:
-        if not e.is_alive():
-            time.sleep(0.5)
+        # woken by the engine's end and reaping it at once, as vLLM's engine monitor does
+        if mp.connection.wait([e.sentinel], timeout=0.1) and not e.is_alive():
+            time.sleep(exit_after)
             os._exit(0)  # vLLM's bug: a clean exit, the worker left behind
-        time.sleep(0.1)
     os.kill(pids["worker"], signal.SIGTERM)
     e.terminate()
     e.join()

@@ -1,0 +1,57 @@
+"""The fault matrix's verdicts and the load's models (ternary.tools.fault_matrix), without a
+server; the real servers run in tests/tools/test_supervise.py (slow, serve) and
+`ternary fault-matrix`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from ternary.commands import fault_matrix as command
+from ternary.tools import fault_matrix
+from ternary.tools.fault_matrix import LoadRun, Row, table
+
+
+def test_the_fault_table_fails_a_leftover_or_a_loss():
+    good = Row("SIGKILL engine", 137, 1.2, 0, 0, 40, "non-zero", "x")
+    assert good.ok
+    assert not Row("SIGKILL engine", 137, 1.2, 1, 0, 40, "non-zero").ok  # a leftover
+    assert not Row("SIGKILL engine", 137, 6.0, 0, 0, 40, "non-zero").ok  # too slow
+    assert not Row("SIGKILL engine", 0, 1.0, 0, 0, 40, "non-zero").ok  # a clean exit
+    assert not Row("flood", None, None, 0, 2, 96, "alive").ok  # lost requests
+    assert Row("SIGTERM", 0, 3.0, 0, 0, 40, "0").ok
+    assert "| SIGKILL engine | 137 | 1.20 | 0 | 0 | 40 | ok | x |" in table([good])
+
+
+def test_the_load_fails_a_wrong_answer_a_malformed_2xx_or_memory_growth():
+    run = LoadRun("bitnet-arch", 2000, 400, 128, 0, 0, 0, 0.5, 0.9, 600, 1000, 1050, 9000)
+    assert run.ok  # +5 %: the bar itself
+    assert not dataclasses.replace(run, pss_end_kib=1051).ok
+    assert not dataclasses.replace(run, pss_end_kib=949).ok
+    assert not dataclasses.replace(run, valid_wrong=1).ok
+    assert not dataclasses.replace(run, valid_failed=1).ok
+    assert not dataclasses.replace(run, malformed_not_4xx=1).ok
+
+
+def test_the_load_runs_on_all_three_make_tiny_models_by_default():
+    """Issue 37's load names a ternary, a Llama bitnet and a BitNetForCausalLM model."""
+    p = argparse.ArgumentParser()
+    command.add_arguments(p)
+    assert p.parse_args([]).formats.split(",") == ["ternary", "bitnet", "bitnet-arch"]
+
+
+def test_the_bitnet_arch_model_is_bitnet_for_causal_lm(tmp_path):
+    b = fault_matrix.Bench(tmp_path, lambda _msg: None, health_timeout=1)
+    config = json.loads((b.model("bitnet-arch") / "config.json").read_text())
+    assert config["architectures"] == ["BitNetForCausalLM"]
+    assert config["quantization_config"]["quant_method"] == "bitnet"
+
+
+def test_an_unknown_load_model_is_refused_before_anything_starts(tmp_path, capsys):
+    work = tmp_path / "work"
+    assert fault_matrix.main(False, False, load=True, formats=("bitnet", "llama"),
+                             work=work) == 2
+    err = capsys.readouterr().err
+    assert "--formats: unknown ['llama']" in err and "bitnet-arch" in err, err
+    assert not work.exists()
