@@ -62,6 +62,30 @@ def test_local_base_refuses_another_python(monkeypatch):
         images.ensure_base("h200")
 
 
+@pytest.mark.parametrize("target,name", [
+    ("cpu", "vllm-ternary-base-bookworm-py3.11"),
+    ("h100", "vllm-ternary-base-bookworm-py3.11-cuda12.4.131")])
+def test_an_imported_locked_base_needs_no_tarball(target, name, monkeypatch):
+    from types import SimpleNamespace
+
+    from ternary._build import toolchains
+
+    def no_tarball(*a, **kw):
+        raise AssertionError("built a tarball for a base podman holds as locked")
+
+    layers = {images.image_ref(name): images.read_lock(name)[0]["tar_sha256"]}
+    monkeypatch.setattr(images, "image_layer", layers.get)
+    monkeypatch.setattr(images, "python_base_tar", no_tarball)
+    monkeypatch.setattr(images, "cuda_base_tar", no_tarball)
+    monkeypatch.setattr(toolchains, "resolve", lambda t, c, progress: SimpleNamespace(
+        nvcc_version=name.rsplit("cuda", 1)[1]))
+    assert images.ensure_base(target) == images.image_ref(name)
+    # another layer under that name is not the locked base: it is built and imported anew
+    layers[images.image_ref(name)] = "0" * 64
+    with pytest.raises(AssertionError, match="built a tarball"):
+        images.ensure_base(target)
+
+
 def test_stage_links_brings_the_locked_wheel_by_sha256(tmp_path, monkeypatch):
     links, src = tmp_path / "links", tmp_path / "src"
     src.mkdir()
