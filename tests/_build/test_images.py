@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -130,6 +131,29 @@ def test_env_layer_comes_before_the_source_copy():
     runtime = text[text.index("FROM env AS runtime"):]
     assert "COPY --from=wheel /opt/overlay/ /opt/venv/" in runtime
     assert "--from=wheel /opt/venv" not in runtime
+
+
+def test_find_links_wheels_reach_the_env_run_without_a_layer():
+    """A COPY of them would stay in the runtime (cpu: the 192 MB torch wheel) whatever a later
+    rm does; a bind mount lasts one RUN."""
+    text = docker.DOCKERFILE.read_text()
+    env = text[text.index("FROM base AS env"):text.index("FROM env AS wheel")]
+    run = env[env.index("RUN --mount=type=bind,source=.cache/docker-links,target=/wheels"):]
+    assert "--find-links /wheels" in run[:run.index("\nRUN ")]
+    assert not [line for line in text.splitlines()
+                if line.startswith(("COPY", "ADD")) and "docker-links" in line]
+
+
+def test_every_image_the_dockerfile_pulls_is_pinned():
+    """FROM is the digest-pinned BASE_IMAGE (docker.render_build_args refuses an unpinned one)
+    or an earlier stage; a `# syntax=` frontend is an image too."""
+    text = docker.DOCKERFILE.read_text()
+    stages = set()
+    for m in re.finditer(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M):
+        assert m.group(1) == "${BASE_IMAGE}" or m.group(1) in stages, m.group(0)
+        stages.add(m.group(2))
+    for m in re.finditer(r"^#\s*syntax=(\S+)", text, re.M):
+        assert re.search(r"@sha256:[0-9a-f]{64}$", m.group(1)), m.group(0)
 
 
 # ---- built images (podman, root; slow) -------------------------------------------------------
