@@ -203,7 +203,7 @@ def test_cpu_image_serves_make_tiny_to_the_host(tmp_path):
     host's loopback only, completions from the host compared with the transformers
     reference (ternary.smoke's helpers), SIGTERM, the container gone."""
     ref = _image("cpu")
-    from ternary import smoke
+    from ternary.tools import smoke
 
     models = tmp_path / "models"
     models.mkdir()
