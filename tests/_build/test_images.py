@@ -163,13 +163,45 @@ RUN = ["podman", "run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:10
        "--ulimit", "nproc=1024:1024", "--no-healthcheck", "--shm-size", "1g"]
 
 
-def _image(target: str) -> str:
-    ref = os.environ.get(f"TERNARY_TEST_IMAGE_{target.upper()}", f"localhost/vllm-ternary:{target}")
+def _podman_image(ref: str, how: str) -> str:
+    """ref, where podman holds it; else the test is skipped with the command that makes it."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     if subprocess.run(["podman", "image", "exists", ref]).returncode != 0:
-        pytest.skip(f"{ref} is not built: `nox -s docker-{target} -- --local-base --host-ca`")
+        pytest.skip(f"{ref} is not built: `{how}`")
     return ref
+
+
+def _image(target: str) -> str:
+    ref = os.environ.get(f"TERNARY_TEST_IMAGE_{target.upper()}", f"localhost/vllm-ternary:{target}")
+    return _podman_image(ref, f"nox -s docker-{target} -- --local-base --host-ca")
+
+
+@pytest.fixture
+def python_base() -> str:
+    """The local python base, on which the cpu target builds here."""
+    return _podman_image(images.image_ref(images.python_base_name()),
+                         "python -m ternary._build.images base cpu")
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_podman_builds_base_stage_of_cpu_target(python_base):
+    cmd = docker.build_command("cpu", engine="podman", stage="base", host_ca=docker.HOST_CA,
+                               overrides={"BASE_IMAGE": python_base},
+                               tag="vllm-ternary:test-base")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_podman_build_without_args_fails_loudly(python_base):
+    cmd = ["podman", "build", "-f", str(docker.DOCKERFILE), *docker.PODMAN_FLAGS,
+           "--build-arg", f"BASE_IMAGE={python_base}", "--target", "base", str(matrix.REPO)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "build arg TARGET is notset" in r.stdout + r.stderr
 
 
 @pytest.mark.build
