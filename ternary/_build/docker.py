@@ -31,7 +31,7 @@ HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 _DIGEST = re.compile(r"^[^@\s]+:[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
-LINKS_DIR = matrix.REPO / ".cache" / "docker-links"  # COPY'd by the env stage
+LINKS_DIR = matrix.REPO / ".cache" / "docker-links"  # bind-mounted into the env stage's RUN
 
 BUILD_ARGS = ("BASE_IMAGE", "TARGET", "PYTHON_VERSION", "CUDA_VERSION", "TERNARY_ARCH_LIST",
               "TERNARY_LOCAL_VERSION", "TORCH", "VLLM")

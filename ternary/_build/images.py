@@ -232,10 +232,10 @@ def import_base(tar: Path, name: str, *, env: dict[str, str] | None = None, say=
     lock = read_lock(name)
     if lock is None:
         raise ImageError(f"{lock_path(name)} is missing: build the base with --relock first")
+    if ref := imported(name):
+        return ref
     want = lock[0]["tar_sha256"]
     ref = image_ref(name)
-    if image_layer(ref) == want:
-        return ref
     got = sha256(tar)
     if got != want:
         raise ImageError(f"{tar} has sha256 {got}, {lock_path(name)} records {want}: delete the "
@@ -252,17 +252,34 @@ def import_base(tar: Path, name: str, *, env: dict[str, str] | None = None, say=
     return ref
 
 
+def imported(name: str) -> str | None:
+    """The reference of a local base that podman holds as its lock's tarball (one layer of the
+    recorded sha256), None where it holds none or another: no tarball is needed for it."""
+    lock = read_lock(name)
+    ref = image_ref(name)
+    return ref if lock is not None and image_layer(ref) == lock[0]["tar_sha256"] else None
+
+
 def ensure_base(target: matrix.Target | str, *, toolchain: str = "auto", relock: bool = False,
                 say=print) -> str:
     """The local base of `target` in podman (built, verified and imported as needed): the
-    python base for a CPU target, the python base plus its CUDA toolchain otherwise."""
+    python base for a CPU target, the python base plus its CUDA toolchain otherwise. One
+    already imported as its lock records is used as it is (a checkout without the tarball
+    cache would otherwise debootstrap again), except with relock."""
     if isinstance(target, str):
         target = matrix.get(target)
     if target.python != PYTHON[SUITE]:
         raise ImageError(f"target {target.name} pins python {target.python}; {SUITE}'s python3 "
                          f"is {PYTHON[SUITE]}: no local base for it")
     if target.cuda is None:
+        if not relock and (ref := imported(python_base_name())):
+            return ref
         return import_base(python_base_tar(relock=relock, say=say), python_base_name(), say=say)
+    from ternary._build import toolchains
+
+    name = cuda_base_name(toolchains.resolve(target, toolchain, progress=False).nvcc_version)
+    if not relock and (ref := imported(name)):
+        return ref
     import_base(python_base_tar(relock=relock, say=say), python_base_name(), say=say)
     tar, name = cuda_base_tar(target, toolchain=toolchain, relock=relock, say=say)
     return import_base(tar, name, env={"CUDA_HOME": CUDA_HOME,

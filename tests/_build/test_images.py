@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -62,6 +63,30 @@ def test_local_base_refuses_another_python(monkeypatch):
         images.ensure_base("h200")
 
 
+@pytest.mark.parametrize("target,name", [
+    ("cpu", "vllm-ternary-base-bookworm-py3.11"),
+    ("h100", "vllm-ternary-base-bookworm-py3.11-cuda12.4.131")])
+def test_an_imported_locked_base_needs_no_tarball(target, name, monkeypatch):
+    from types import SimpleNamespace
+
+    from ternary._build import toolchains
+
+    def no_tarball(*a, **kw):
+        raise AssertionError("built a tarball for a base podman holds as locked")
+
+    layers = {images.image_ref(name): images.read_lock(name)[0]["tar_sha256"]}
+    monkeypatch.setattr(images, "image_layer", layers.get)
+    monkeypatch.setattr(images, "python_base_tar", no_tarball)
+    monkeypatch.setattr(images, "cuda_base_tar", no_tarball)
+    monkeypatch.setattr(toolchains, "resolve", lambda t, c, progress: SimpleNamespace(
+        nvcc_version=name.rsplit("cuda", 1)[1]))
+    assert images.ensure_base(target) == images.image_ref(name)
+    # another layer under that name is not the locked base: it is built and imported anew
+    layers[images.image_ref(name)] = "0" * 64
+    with pytest.raises(AssertionError, match="built a tarball"):
+        images.ensure_base(target)
+
+
 def test_stage_links_brings_the_locked_wheel_by_sha256(tmp_path, monkeypatch):
     links, src = tmp_path / "links", tmp_path / "src"
     src.mkdir()
@@ -108,6 +133,29 @@ def test_env_layer_comes_before_the_source_copy():
     assert "--from=wheel /opt/venv" not in runtime
 
 
+def test_find_links_wheels_reach_the_env_run_without_a_layer():
+    """A COPY of them would stay in the runtime (cpu: the 192 MB torch wheel) whatever a later
+    rm does; a bind mount lasts one RUN."""
+    text = docker.DOCKERFILE.read_text()
+    env = text[text.index("FROM base AS env"):text.index("FROM env AS wheel")]
+    run = env[env.index("RUN --mount=type=bind,source=.cache/docker-links,target=/wheels"):]
+    assert "--find-links /wheels" in run[:run.index("\nRUN ")]
+    assert not [line for line in text.splitlines()
+                if line.startswith(("COPY", "ADD")) and "docker-links" in line]
+
+
+def test_every_image_the_dockerfile_pulls_is_pinned():
+    """FROM is the digest-pinned BASE_IMAGE (docker.render_build_args refuses an unpinned one)
+    or an earlier stage; a `# syntax=` frontend is an image too."""
+    text = docker.DOCKERFILE.read_text()
+    stages = set()
+    for m in re.finditer(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M):
+        assert m.group(1) == "${BASE_IMAGE}" or m.group(1) in stages, m.group(0)
+        stages.add(m.group(2))
+    for m in re.finditer(r"^#\s*syntax=(\S+)", text, re.M):
+        assert re.search(r"@sha256:[0-9a-f]{64}$", m.group(1)), m.group(0)
+
+
 # ---- built images (podman, root; slow) -------------------------------------------------------
 
 # vLLM's engine needs 160 MiB of /dev/shm at least (podman's default is 64 MiB)
@@ -115,13 +163,45 @@ RUN = ["podman", "run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:10
        "--ulimit", "nproc=1024:1024", "--no-healthcheck", "--shm-size", "1g"]
 
 
-def _image(target: str) -> str:
-    ref = os.environ.get(f"TERNARY_TEST_IMAGE_{target.upper()}", f"localhost/vllm-ternary:{target}")
+def _podman_image(ref: str, how: str) -> str:
+    """ref, where podman holds it; else the test is skipped with the command that makes it."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed")
     if subprocess.run(["podman", "image", "exists", ref]).returncode != 0:
-        pytest.skip(f"{ref} is not built: `nox -s docker-{target} -- --local-base --host-ca`")
+        pytest.skip(f"{ref} is not built: `{how}`")
     return ref
+
+
+def _image(target: str) -> str:
+    ref = os.environ.get(f"TERNARY_TEST_IMAGE_{target.upper()}", f"localhost/vllm-ternary:{target}")
+    return _podman_image(ref, f"nox -s docker-{target} -- --local-base --host-ca")
+
+
+@pytest.fixture
+def python_base() -> str:
+    """The local python base, on which the cpu target builds here."""
+    return _podman_image(images.image_ref(images.python_base_name()),
+                         "python -m ternary._build.images base cpu")
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_podman_builds_base_stage_of_cpu_target(python_base):
+    cmd = docker.build_command("cpu", engine="podman", stage="base", host_ca=docker.HOST_CA,
+                               overrides={"BASE_IMAGE": python_base},
+                               tag="vllm-ternary:test-base")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+@pytest.mark.build
+@pytest.mark.slow
+def test_podman_build_without_args_fails_loudly(python_base):
+    cmd = ["podman", "build", "-f", str(docker.DOCKERFILE), *docker.PODMAN_FLAGS,
+           "--build-arg", f"BASE_IMAGE={python_base}", "--target", "base", str(matrix.REPO)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "build arg TARGET is notset" in r.stdout + r.stderr
 
 
 @pytest.mark.build
@@ -155,7 +235,7 @@ def test_cpu_image_serves_make_tiny_to_the_host(tmp_path):
     host's loopback only, completions from the host compared with the transformers
     reference (ternary.smoke's helpers), SIGTERM, the container gone."""
     ref = _image("cpu")
-    from ternary import smoke
+    from ternary.tools import smoke
 
     models = tmp_path / "models"
     models.mkdir()
