@@ -1,5 +1,5 @@
-// Per-token int8 activation quantization, ternary::quantize_act_int8 (DESIGN.md, Formats:
-// activation int8_per_token). Per row of x [m, k], in float32 (x upcast from its dtype):
+// Per-token int8 activation quantization, ternary::quantize_act_int8 (docs/formats.md,
+// Activations: int8_per_token). Per row of x [m, k], in float32 (x upcast from its dtype):
 //   amax = max(max|x|, 1e-5f);  s = (1 / amax) * 127;  x_q = clamp(rint(x * s), -128, 127)
 // bit for bit what _quantize_act_int8_ref (ternary/ops.py) computes with PyTorch, on every
 // input: the max is exact; 1 / amax, the * 127 and x * s are single IEEE float32 operations
