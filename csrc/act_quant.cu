@@ -1,5 +1,5 @@
-// Per-token int8 activation quantization, ternary::quantize_act_int8 (DESIGN.md, Formats:
-// activation int8_per_token). Per row of x [m, k], in float32 (x upcast from its dtype):
+// Per-token int8 activation quantization, ternary::quantize_act_int8 (docs/formats.md,
+// Activations: int8_per_token). Per row of x [m, k], in float32 (x upcast from its dtype):
 //   amax = max(max|x|, 1e-5f);  s = (1 / amax) * 127;  x_q = clamp(rint(x * s), -128, 127)
 // bit for bit what _quantize_act_int8_ref (ternary/ops.py) computes with PyTorch, on every
 // input: the max is exact; 1 / amax, the * 127 and x * s are single IEEE float32 operations
@@ -161,6 +161,21 @@ __device__ __forceinline__ uint32_t group_max(uint32_t v, uint32_t* red) {
   return warp_max(v);
 }
 
+// This thread's scalar element of row xr (the unaligned head or the tail), where it has one:
+// its value into xs and its |x| into mx; returns its index in the row, or -1 (xs = 0).
+template <typename T>
+__device__ __forceinline__ int64_t scalar_of(const T* xr, const RowSplit<T>& sp, int tid,
+                                             float& xs, uint32_t& mx) {
+  int64_t at = -1;
+  xs = 0.f;
+  if (tid < sp.nscalar) {
+    at = sp.scalar_index(tid);
+    xs = to_float(xr[at]);
+    mx = max(mx, abs_bits(xs));
+  }
+  return at;
+}
+
 // Rows held in registers: VPT chunks a thread. WARP: a warp a row, blockDim.x / 32 rows a
 // block; else a block a row. Rows beyond the grid are taken grid-stride.
 template <typename T, typename OutT, int VPT, bool WARP>
@@ -190,13 +205,8 @@ act_quant_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restric
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
       if (tid + i * nthr < nvec) mx = max(mx, c[i].absmax());
-    float xs = 0.f;
-    int64_t xs_at = -1;
-    if (tid < sp.nscalar) {
-      xs_at = sp.scalar_index(tid);
-      xs = to_float(xr[xs_at]);
-      mx = max(mx, abs_bits(xs));
-    }
+    float xs;
+    const int64_t xs_at = scalar_of(xr, sp, tid, xs, mx);
     const float scale = scale_of(group_max<WARP>(mx, red[parity]));
     if (tid == 0) s[row] = scale;
     OutT* qv = qr + sp.head;
@@ -233,13 +243,8 @@ act_quant_long_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __re
       c.raw = xv[j];
       mx = max(mx, c.absmax());
     }
-    float xs = 0.f;
-    int64_t xs_at = -1;
-    if (tid < sp.nscalar) {
-      xs_at = sp.scalar_index(tid);
-      xs = to_float(xr[xs_at]);
-      mx = max(mx, abs_bits(xs));
-    }
+    float xs;
+    const int64_t xs_at = scalar_of(xr, sp, tid, xs, mx);
     const float scale = scale_of(group_max<false>(mx, red[parity]));
     if (tid == 0) s[row] = scale;
     OutT* qv = qr + sp.head;

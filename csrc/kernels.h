@@ -1,5 +1,5 @@
 // Launchers of the CUDA kernels in *.cu. Plain C++ types only: the .cu files include
-// cuda_runtime.h and nothing of ATen, which keeps nvcc 3.5x faster (DESIGN.md, Build speed).
+// cuda_runtime.h and nothing of ATen, which keeps nvcc 3.5x faster (docs/build.md, Build speed).
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>

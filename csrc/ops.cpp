@@ -72,7 +72,6 @@ void check_packed(const at::Tensor& packed) {
   TORCH_CHECK(packed.is_cuda(), msg("packed must be a CUDA tensor; got ", packed.device()));
 }
 
-// Returns (per_tensor) after checking scale against N, K and group_size.
 // The repacked weight of an n x K layer: uint8 [ceil(n/32), ceil(K/64), 512] (common/layout.cuh).
 // k_from says where K came from, for the message.
 void check_repacked(const at::Tensor& repacked, int64_t n, int64_t k, const char* k_from) {
@@ -84,6 +83,14 @@ void check_repacked(const at::Tensor& repacked, int64_t n, int64_t k, const char
                   repacked.scalar_type(), " ", repacked.sizes(), ". Make it with ternary::repack"));
 }
 
+// check_repacked for the ops that take n and K as arguments (no x to take K from).
+void check_repacked_given(const at::Tensor& repacked, int64_t n, int64_t k) {
+  TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
+              msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
+  check_repacked(repacked, n, k, "the given");
+}
+
+// Returns (per_tensor) after checking scale against N, K and group_size.
 bool check_scale(const at::Tensor& scale, int64_t n, int64_t k, int64_t group_size) {
   TORCH_CHECK(scale.scalar_type() == at::kFloat, msg("scale must be float32; got ",
               scale.scalar_type()));
@@ -166,14 +173,45 @@ struct Rows {
   std::vector<int64_t> out_shape;
 };
 
+// x's leading dimensions and n: the shape of a linear op's output for x [..., K].
+std::vector<int64_t> out_shape_of(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
+  out_shape.push_back(n);
+  return out_shape;
+}
+
 Rows rows_of(const at::Tensor& x, int64_t k, int64_t n) {
   int64_t m = 1;  // (reshape(-1, 0) is ambiguous: K = 0 takes M from the shape)
   for (int64_t i = 0; i + 1 < x.dim(); ++i) m *= x.size(i);
   at::Tensor x2 = k > 0 ? x.reshape({-1, k}) : at::empty({m, 0}, x.options());
   if (k > 0 && x2.stride(1) != 1) x2 = x2.contiguous();
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-  out_shape.push_back(n);
-  return {x2, out_shape};
+  return {x2, out_shape_of(x, n)};
+}
+
+// What gemm and gemm_fused share once each has checked its weight (named weight_name in the
+// message) against x's K: scale against n, K and group_size, x, the weight and scale on one
+// device, bias, then x as rows [M, K] under a guard of x's device. K = 0 gives zeros (plus
+// bias) without a launch; else launch(x2, m, per_tensor, y) runs the kernel into y [M, N],
+// returned in x's leading shape.
+template <typename Launch>
+at::Tensor run_gemm(const at::Tensor& x, const at::Tensor& weight, const char* weight_name,
+                    const at::Tensor& scale, int64_t n, int64_t k, int64_t group_size,
+                    const std::optional<at::Tensor>& bias, const Launch& launch) {
+  const bool per_tensor = check_scale(scale, n, k, group_size);
+  TORCH_CHECK(x.device() == weight.device() && scale.device() == weight.device(),
+      msg("x, ", weight_name, " and scale must be on one device; got ", x.device(), ", ",
+              weight.device(), ", ", scale.device()));
+  check_bias(bias, x, n);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Rows r = rows_of(x, k, n);
+  if (k == 0) {
+    at::Tensor y = at::zeros(r.out_shape, x.options());
+    return bias ? y.add_(*bias) : y;
+  }
+  const int64_t m = r.x2.size(0);
+  at::Tensor y = at::empty({m, n}, x.options());
+  launch(r.x2, m, per_tensor, y);
+  return y.view(r.out_shape);
 }
 
 at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
@@ -183,28 +221,15 @@ at::Tensor gemm_cuda(const at::Tensor& x, const at::Tensor& packed, const at::Te
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) == k, msg("x has shape ", x.sizes(),
               " but the packed weight ", packed.sizes(), " holds K=", k, " inputs per row"));
   const DType dt = dtype_of(x, "x");
-  const bool per_tensor = check_scale(scale, n, k, group_size);
-  TORCH_CHECK(x.device() == packed.device() && scale.device() == packed.device(),
-      msg("x, packed and scale must be on one device; got ", x.device(), ", ",
-              packed.device(), ", ", scale.device()));
-  check_bias(bias, x, n);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const Rows r = rows_of(x, k, n);
-  at::Tensor x2 = r.x2;
-  const int64_t m = x2.size(0);
-  const std::vector<int64_t>& out_shape = r.out_shape;
-  if (k == 0) {
-    at::Tensor y = at::zeros(out_shape, x.options());
-    return bias ? y.add_(*bias) : y;
-  }
-  at::Tensor y = at::empty({m, n}, x.options());
-  const at::Tensor p = packed.contiguous(), s = scale.contiguous();
-  const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
-  check_cuda(launch_gemm(x2.data_ptr(), x2.stride(0), p.data_ptr<uint8_t>(), s.data_ptr<float>(),
-                         bias ? b.data_ptr() : nullptr, y.data_ptr(), dt, m, n, k, group_size,
-                         per_tensor, at::cuda::getCurrentCUDAStream()),
-             msg("gemm (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
-  return y.view(out_shape);
+  return run_gemm(x, packed, "packed", scale, n, k, group_size, bias,
+                  [&](const at::Tensor& x2, int64_t m, bool per_tensor, const at::Tensor& y) {
+    const at::Tensor p = packed.contiguous(), s = scale.contiguous();
+    const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+    check_cuda(launch_gemm(x2.data_ptr(), x2.stride(0), p.data_ptr<uint8_t>(),
+                           s.data_ptr<float>(), bias ? b.data_ptr() : nullptr, y.data_ptr(), dt,
+                           m, n, k, group_size, per_tensor, at::cuda::getCurrentCUDAStream()),
+               msg("gemm (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
+  });
 }
 
 at::Tensor repack_cuda(const at::Tensor& packed) {
@@ -220,9 +245,7 @@ at::Tensor repack_cuda(const at::Tensor& packed) {
 }
 
 at::Tensor unrepack_cuda(const at::Tensor& repacked, int64_t n, int64_t k) {
-  TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
-              msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
-  check_repacked(repacked, n, k, "the given");
+  check_repacked_given(repacked, n, k);
   TORCH_CHECK(repacked.is_cuda(), msg("repacked must be a CUDA tensor; got ", repacked.device()));
   const c10::cuda::CUDAGuard guard(repacked.device());
   const at::Tensor r = repacked.contiguous();
@@ -252,50 +275,35 @@ at::Tensor gemm_fused_cuda(const at::Tensor& x, const at::Tensor& repacked, cons
   TORCH_CHECK(group_size % 64 == 0,
       msg("gemm_fused needs group_size 0 or a multiple of 64; got ", group_size,
               " (use ternary::gemm or the cublas kernel for this checkpoint)"));
-  const bool per_tensor = check_scale(scale, n, k, group_size);
-  TORCH_CHECK(x.device() == repacked.device() && scale.device() == repacked.device(),
-      msg("x, repacked and scale must be on one device; got ", x.device(), ", ",
-              repacked.device(), ", ", scale.device()));
-  check_bias(bias, x, n);
-  const c10::cuda::CUDAGuard guard(x.device());
-  const Rows r = rows_of(x, k, n);
-  at::Tensor x2 = r.x2;
-  const int64_t m = x2.size(0);
-  const std::vector<int64_t>& out_shape = r.out_shape;
-  if (k == 0) {
-    at::Tensor y = at::zeros(out_shape, x.options());
-    return bias ? y.add_(*bias) : y;
-  }
-  at::Tensor y = at::empty({m, n}, x.options());
-  // The kernel reads x in whole 64-wide tiles with 16-byte loads and checks no K bound:
-  // copy x into a zero-padded, aligned buffer where it is not already one.
-  const int64_t kpad = (k + 63) / 64 * 64;
-  if (kpad != k || x2.stride(0) % 8 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16) {
-    at::Tensor xp = at::zeros({m, kpad}, x2.options());
-    xp.narrow(1, 0, k).copy_(x2);
-    x2 = xp;
-  }
-  const at::Tensor s = scale.contiguous();
-  const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
-  const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t ws_floats = gemm_fused_workspace_floats(m, n, kpad, group_size, num_sms);
-  const at::Tensor ws = ws_floats ? at::empty({ws_floats}, x.options().dtype(at::kFloat))
-                                  : at::Tensor();
-  check_cuda(launch_gemm_fused(x2.data_ptr(), x2.stride(0), repacked.data_ptr<uint8_t>(),
-                               s.data_ptr<float>(), bias ? b.data_ptr() : nullptr, y.data_ptr(),
-                               dtype_of(x, "x"), m, n, kpad, group_size, per_tensor, num_sms,
-                               ws_floats ? ws.data_ptr<float>() : nullptr,
-                               at::cuda::getCurrentCUDAStream()),
-             msg("gemm_fused (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
-  return y.view(out_shape);
+  return run_gemm(x, repacked, "repacked", scale, n, k, group_size, bias,
+                  [&](at::Tensor x2, int64_t m, bool per_tensor, const at::Tensor& y) {
+    // The kernel reads x in whole 64-wide tiles with 16-byte loads and checks no K bound:
+    // copy x into a zero-padded, aligned buffer where it is not already one.
+    const int64_t kpad = (k + 63) / 64 * 64;
+    if (kpad != k || x2.stride(0) % 8 || reinterpret_cast<uintptr_t>(x2.data_ptr()) % 16) {
+      at::Tensor xp = at::zeros({m, kpad}, x2.options());
+      xp.narrow(1, 0, k).copy_(x2);
+      x2 = xp;
+    }
+    const at::Tensor s = scale.contiguous();
+    const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+    const int num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t ws_floats = gemm_fused_workspace_floats(m, n, kpad, group_size, num_sms);
+    const at::Tensor ws = ws_floats ? at::empty({ws_floats}, x.options().dtype(at::kFloat))
+                                    : at::Tensor();
+    check_cuda(launch_gemm_fused(x2.data_ptr(), x2.stride(0), repacked.data_ptr<uint8_t>(),
+                                 s.data_ptr<float>(), bias ? b.data_ptr() : nullptr,
+                                 y.data_ptr(), dtype_of(x, "x"), m, n, kpad, group_size,
+                                 per_tensor, num_sms, ws_floats ? ws.data_ptr<float>() : nullptr,
+                                 at::cuda::getCurrentCUDAStream()),
+               msg("gemm_fused (m=", m, ", n=", n, ", k=", k, ", group_size=", group_size, ")"));
+  });
 }
 
 at::Tensor dequantize_repacked_cuda(const at::Tensor& repacked, const at::Tensor& scale,
                                    int64_t group_size, int64_t n, int64_t k,
                                    at::ScalarType dtype) {
-  TORCH_CHECK(n >= 0 && k >= 0 && k % 4 == 0,
-              msg("n=", n, " and k=", k, " must be >= 0 and k a multiple of 4 (the packed format)"));
-  check_repacked(repacked, n, k, "the given");
+  check_repacked_given(repacked, n, k);
   TORCH_CHECK(repacked.is_cuda() && scale.device() == repacked.device(),
               msg("repacked and scale must be on one CUDA device; got ", repacked.device(), " and ",
                   scale.device()));
@@ -374,9 +382,7 @@ at::Tensor linear_fused_cuda(const at::Tensor& x, const at::Tensor& repacked,
                                                          x.scalar_type());
   at::Tensor y = at::mm(x.reshape({-1, k}), w.t());
   if (bias) y.add_(*bias);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);
-  out_shape.push_back(n);
-  return y.view(out_shape);
+  return y.view(out_shape_of(x, n));
 }
 
 // ternary::quantize_act_int8 (act_quant.cu): x [..., K] -> (x_q [..., K] of out_dtype, s float32

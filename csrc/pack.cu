@@ -1,4 +1,4 @@
-// Elementwise pack/unpack/dequantize of the canonical layout (DESIGN.md, Formats).
+// Elementwise pack/unpack/dequantize of the canonical layout (docs/formats.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

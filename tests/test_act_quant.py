@@ -1,5 +1,5 @@
-"""ternary::quantize_act_int8, per-token int8 activation quantization (DESIGN.md, Formats:
-activation int8_per_token; transformers' bitnet ActQuant in float32).
+"""ternary::quantize_act_int8, per-token int8 activation quantization (docs/formats.md,
+Activations: int8_per_token; transformers' bitnet ActQuant in float32).
 
 CPU: the PyTorch reference against an independent float64/int64 emulation written here, the
 fake kernel (FakeTensorMode, torch.compile fullgraph) and the argument errors.

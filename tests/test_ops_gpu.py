@@ -439,13 +439,7 @@ def test_decode_kernel_every_warp_count_and_scale(m):
             (32 * sms + 8, 704, "tensor", bf16, ("decode_shallow", "decode_wide"))):
         want = routes[m > 8]
         assert _ext.fused_route(m, n, k, 0, 0) == want, (m, n, k, sms, want)
-        codes, scale = _weights(n, k, mode, 0)
-        x = torch.randn(m, k, dtype=dtype, device="cuda")
-        bias = torch.randn(n, dtype=dtype, device="cuda")
-        _poison((m, n), dtype)
-        y = ops.gemm_fused(x, ops.repack(ops.pack(codes)), scale, 0, n, bias)
-        ref = x.double() @ _dense64(codes, scale, 0).t() + bias.double()
-        _check(y, ref, dtype, f"decode m={m} n={n} k={k} {mode} {dtype}")
+        _fused_with_bias_matches(m, n, k, mode, dtype, "decode")
 
 
 def _fused_with_bias_matches(m: int, n: int, k: int, mode: str, dtype, what: str) -> None:

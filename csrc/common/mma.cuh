@@ -48,6 +48,20 @@ __device__ __forceinline__ void load_x16(uint32_t (&out)[8], const uint4* row, i
   out[4] = v1.x; out[5] = v1.y; out[6] = v1.z; out[7] = v1.w;
 }
 
+// The x rows of a lane's A fragments for MT m16 tiles from row m0: xrow[a][h] is row
+// m0 + 16 a + 8 h + g (g = lane / 4), null past M (load_x16 then gives zeros).
+template <int MT, typename T>
+__device__ __forceinline__ void x_rows(const uint4* (&xrow)[MT][2], const T* x, int64_t ldx,
+                                       int m0, int m, int g) {
+#pragma unroll
+  for (int a = 0; a < MT; ++a)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + a * 16 + h * 8 + g;
+      xrow[a][h] = row < m ? reinterpret_cast<const uint4*>(x + (int64_t)row * ldx) : nullptr;
+    }
+}
+
 // load_x16 at a lane's own pointer (row and k already applied), only where `pred`; else `out`
 // keeps what it held. (As a C++ branch, the compiler wraps it in divergent-branch bookkeeping
 // each step.)

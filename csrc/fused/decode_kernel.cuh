@@ -289,4 +289,17 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   return cudaGetLastError();
 }
 
+// The instances launch_fused_typed (route.cu) takes, for activations T: decode_bf16.cu and
+// decode_f16.cu compile one T each (in parallel), both from this one list.
+#define TERNARY_INST_DECODE(T, S, NB, NT, XS)                                                   \
+  template cudaError_t launch_decode<T, S, NB, NT, 0, XS, true>(                                \
+      const void*, int64_t, const uint8_t*, const float*, const void*, void*, int64_t, int64_t, \
+      int64_t, bool, int, cudaStream_t, int);
+#define TERNARY_INST_DECODE_ROUTE(T)                                                            \
+  TERNARY_INST_DECODE(T, 4, 1, 1, 1) /* kDecode */                                              \
+  TERNARY_INST_DECODE(T, 4, 1, 2, 1) /* kDecodePair */                                          \
+  TERNARY_INST_DECODE(T, 2, 1, 1, 0) /* kDecodeShallow */                                       \
+  TERNARY_INST_DECODE(T, 4, 2, 2, 0) /* kDecodeWide */                                          \
+  TERNARY_INST_DECODE(T, 4, 2, 1, 0) /* kDecodeNt2, kDecodeNt2W4 */
+
 }  // namespace ternary

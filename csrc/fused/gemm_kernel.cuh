@@ -109,13 +109,7 @@ fused_gemm_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict_
   const int m0 = blockIdx.x * 16 * MT;
   const int nt = blockIdx.y;
   const uint4* xrow[MT][2];
-#pragma unroll
-  for (int a = 0; a < MT; ++a)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + a * 16 + h * 8 + g;
-      xrow[a][h] = row < m ? reinterpret_cast<const uint4*>(x + (int64_t)row * ldx) : nullptr;
-    }
+  x_rows(xrow, x, ldx, m0, m, g);
   const bool hi_rows = m0 + 8 < m;  // (used for MT == 1 only; larger MT prescale every row)
 
   float acc[MT][4][4], corr[MT][4];

@@ -43,13 +43,7 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * 16 * MT, nt0 = blockIdx.y * NT;
   const uint4* xrow[MT][2];
-#pragma unroll
-  for (int a = 0; a < MT; ++a)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + a * 16 + h * 8 + g;
-      xrow[a][h] = row < m ? reinterpret_cast<const uint4*>(x + (int64_t)row * ldx) : nullptr;
-    }
+  x_rows(xrow, x, ldx, m0, m, g);
   const uint4* wt[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j)  // a tile past N re-reads the last one; its outputs are dropped

@@ -23,6 +23,57 @@ def not_converted(name: str, modules_to_not_convert: list[str] | None) -> bool:
 # a layer is kept dense only as a whole, so modules_to_not_convert lists all its parts or none.
 VLLM_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
+# The linear layers of a Llama-style decoder layer (model.layers.<i>.<module>), each as its
+# weight's (N, K) in the layer's widths (llama_widths): hidden, inter (the MLP's width), q (the
+# query heads') and kv (the key and value heads'). The one table of these shapes: the readers'
+# checks (expected_shape), the test and benchmark model writers and tp-kernels use it.
+LLAMA_PROJECTIONS: dict[str, tuple[str, str]] = {
+    "self_attn.q_proj": ("q", "hidden"),
+    "self_attn.k_proj": ("kv", "hidden"),
+    "self_attn.v_proj": ("kv", "hidden"),
+    "self_attn.o_proj": ("hidden", "q"),
+    "mlp.gate_proj": ("inter", "hidden"),
+    "mlp.up_proj": ("inter", "hidden"),
+    "mlp.down_proj": ("hidden", "inter"),
+}
+
+
+def llama_widths(hidden_size: int, intermediate_size: int | None, num_attention_heads: int | None,
+                 num_key_value_heads: int | None = None, head_dim: int | None = None
+                 ) -> dict[str, int]:
+    """The widths LLAMA_PROJECTIONS names, from config.json's sizes with transformers' defaults
+    (num_key_value_heads: num_attention_heads; head_dim: hidden_size // num_attention_heads).
+    num_attention_heads None leaves out the attention widths, intermediate_size None the MLP's
+    (and so the projections they size)."""
+    widths = {"hidden": hidden_size}
+    if num_attention_heads is not None:
+        head_dim = head_dim or hidden_size // num_attention_heads
+        widths["q"] = num_attention_heads * head_dim
+        widths["kv"] = (num_key_value_heads or num_attention_heads) * head_dim
+    if intermediate_size is not None:
+        widths["inter"] = intermediate_size
+    return widths
+
+
+def projection_shapes(widths: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """LLAMA_PROJECTIONS' module -> (N, K) for these widths (llama_widths), in the table's
+    order; a projection sized by a width not given is left out."""
+    return {module: (widths[n], widths[k]) for module, (n, k) in LLAMA_PROJECTIONS.items()
+            if n in widths and k in widths}
+
+
+def vllm_layer_shapes(widths: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """vLLM's linear layers of a Llama-style decoder layer -> (N, K), in order: the parts of a
+    VLLM_FUSED layer stacked along N (self_attn.qkv_proj, mlp.gate_up_proj), the others as
+    projection_shapes gives them (self_attn.o_proj, mlp.down_proj)."""
+    fused_of = {part: fused for fused, parts in VLLM_FUSED.items() for part in parts}
+    out: dict[str, tuple[int, int]] = {}
+    for module, (n, k) in projection_shapes(widths).items():
+        parent, _, proj = module.rpartition(".")
+        layer = f"{parent}.{fused_of.get(proj, proj)}"
+        out[layer] = (out.get(layer, (0, k))[0] + n, k)
+    return out
+
 
 def split_fused_layers(names: list[str], modules_to_not_convert: list[str] | None
                        ) -> list[tuple[str, list[str], list[str]]]:
@@ -97,20 +148,12 @@ def expected_shape(config: dict, name: str) -> tuple[tuple[int, int], str] | Non
     inter = size(inter_key) if inter_key else None
     if inter is unusable:
         inter = None
-    last = parts[-1]
-    why_attn = (f"hidden_size={hidden}, num_attention_heads={heads}, "
-                f"num_key_value_heads={kv}, head_dim={head_dim}")
-    table = {
-        "q_proj": ((heads * head_dim, hidden), why_attn),
-        "k_proj": ((kv * head_dim, hidden), why_attn),
-        "v_proj": ((kv * head_dim, hidden), why_attn),
-        "o_proj": ((hidden, heads * head_dim), why_attn),
-    } if attention else {}
-    if inter is not None:
-        why_mlp = f"hidden_size={hidden}, {inter_key}={inter}"
-        table.update({
-            "gate_proj": ((inter, hidden), why_mlp),
-            "up_proj": ((inter, hidden), why_mlp),
-            "down_proj": ((hidden, inter), why_mlp),
-        })
-    return table.get(last)
+    why = {"self_attn": f"hidden_size={hidden}, num_attention_heads={heads}, "
+                        f"num_key_value_heads={kv}, head_dim={head_dim}",
+           "mlp": f"hidden_size={hidden}, {inter_key}={inter}"}
+    widths = llama_widths(hidden, inter, heads if attention else None, kv, head_dim)
+    for module, shape in projection_shapes(widths).items():
+        block, _, proj = module.partition(".")
+        if proj == parts[-1]:
+            return shape, why[block]
+    return None

@@ -18,10 +18,7 @@ import torch
 
 from ternary.formats import bitnet, canonical, vendor_int8
 from ternary.formats.files import CONFIG, ShardWriter
-from ternary.formats.modules import expected_shape
-
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+from ternary.formats.modules import LLAMA_PROJECTIONS, expected_shape
 
 
 def llama_config(hidden_size: int = 32, intermediate_size: int = 64, num_hidden_layers: int = 2,
@@ -43,7 +40,7 @@ def llama_config(hidden_size: int = 32, intermediate_size: int = 64, num_hidden_
 
 def linear_names(config: dict) -> list[str]:
     return [f"model.layers.{i}.{p}" for i in range(config["num_hidden_layers"])
-            for p in PROJECTIONS]
+            for p in LLAMA_PROJECTIONS]
 
 
 def random_codes(n: int, k: int, gen: torch.Generator, zero_fraction: float = 0.5) -> torch.Tensor:

@@ -34,10 +34,13 @@ from pathlib import Path
 
 import torch
 
+from ternary.formats.modules import vllm_layer_shapes
+from ternary.tools.synthetic import bigmodel
+
 SHAPES = ((4096, 22016), (11008, 4096), (4096, 6144), (4096, 4096), (4096, 12288))  # (K, N)
 # microsoft/bitnet-b1.58-2B-4T's layers as vLLM fuses them: qkv, o, gate_up, down
-# (ternary.tools.synthetic.bigmodel.SHAPES["bitnet-2b"])
-BITNET_2B_SHAPES = ((2560, 3840), (2560, 2560), (2560, 13824), (6912, 2560))
+BITNET_2B_SHAPES = tuple((k, n) for n, k in vllm_layer_shapes(
+    bigmodel.widths(bigmodel.SHAPES["bitnet-2b"])).values())
 SHAPE_SETS = {"tracked": SHAPES, "bitnet-2b": BITNET_2B_SHAPES}
 M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s

@@ -27,20 +27,32 @@ import sys
 import time
 from pathlib import Path
 
+# vLLM's layers (ternary.formats.modules.vllm_layer_shapes) by the names this tool reports,
+# with whether each is row-parallel (tensor parallelism splits its K; else its N)
+_LAYERS = {"self_attn.qkv_proj": ("qkv", False), "self_attn.o_proj": ("o_proj", True),
+           "mlp.gate_up_proj": ("gate_up", False), "mlp.down_proj": ("down_proj", True)}
+
 
 def llama7b_shapes(tp: int) -> tuple[tuple[str, int, int], ...]:
-    """Llama-2-7B's linear layers on one rank of `tp`: (name, K, N) of qkv (column-parallel,
-    merged), o_proj (row-parallel), gate_up (column-parallel, merged) and down_proj
-    (row-parallel)."""
-    hidden, inter = 4096, 11008
+    """Llama-2-7B's linear layers (bigmodel.SHAPES["llama2-7b"]) on one rank of `tp`: (name,
+    K, N) of qkv (column-parallel, merged), o_proj (row-parallel), gate_up (column-parallel,
+    merged) and down_proj (row-parallel)."""
+    # imported when called: ternary.formats imports torch, which a rank process imports only
+    # once it has set NCCL_ENV (_rank_main), after it has imported this module
+    from ternary.formats.modules import vllm_layer_shapes
+    from ternary.tools.synthetic import bigmodel
+
+    dims = bigmodel.SHAPES["llama2-7b"]
+    hidden, inter = dims["hidden_size"], dims["intermediate_size"]
     if tp < 1 or hidden % tp or inter % tp:
         raise ValueError(f"tensor parallel {tp} does not divide Llama-2-7B's hidden size "
                          f"{hidden} and intermediate size {inter}")
-    return (("qkv", hidden, 3 * hidden // tp), ("o_proj", hidden // tp, hidden),
-            ("gate_up", hidden, 2 * inter // tp), ("down_proj", inter // tp, hidden))
+    out = []
+    for layer, (n, k) in vllm_layer_shapes(bigmodel.widths(dims)).items():
+        name, row = _LAYERS[layer]
+        out.append((name, k // tp, n) if row else (name, k, n // tp))
+    return tuple(out)
 
-
-LLAMA7B_TP2 = llama7b_shapes(2)
 DEFAULT_M = (1, 16, 128, 2048, 8192, 16384)
 # bf16 operands and outputs (tests/test_ops_gpu.py: TOL)
 TOL = 1e-2
@@ -59,8 +71,7 @@ def _progress(path: Path, line: str) -> None:
 
 
 def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, sync: bool,
-               workdir: str, seed: int, comm: str = "c10d", device: str = "cuda",
-               shapes=LLAMA7B_TP2) -> None:
+               workdir: str, seed: int, comm: str, device: str, shapes) -> None:
     os.environ.update(NCCL_ENV)
     import torch
     import torch.distributed as dist
@@ -174,11 +185,12 @@ def _rank_main(rank: int, world: int, init: str, ms: list[int], layers: int, syn
 
 def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
         timeout: float = 240, workdir: Path | None = None, seed: int | None = None,
-        say=print, comm: str = "c10d", device: str = "cuda", shapes=LLAMA7B_TP2) -> dict:
+        say=print, comm: str = "c10d", device: str = "cuda", shapes=None) -> dict:
     """Runs the ranks; returns {"ok", "hung", "ranks": [{rank, ok, error, checks, last}]}
     where `last` is the last progress line of a rank (the op it was in when it stopped).
     device "cpu" runs the same logic on the reference ops over gloo (a dry run, for tests);
-    shapes: (name, K, N) of qkv, o_proj, gate_up and down_proj on one rank."""
+    shapes: (name, K, N) of qkv, o_proj, gate_up and down_proj on one rank (default:
+    Llama-2-7B's at tensor parallel 2, llama7b_shapes(2))."""
     import importlib.util
     import multiprocessing as mp
     import random
@@ -187,6 +199,8 @@ def run(world: int = 2, ms=DEFAULT_M, layers: int = 2, sync: bool = False,
 
     import torch
 
+    if shapes is None:
+        shapes = llama7b_shapes(2)
     if comm not in ("c10d", "pynccl"):
         raise TpKernelsError(f"--comm {comm!r}: use c10d or pynccl")
     if device == "cpu" and comm != "c10d":

@@ -57,7 +57,8 @@ def test_random_packed_codes_are_valid_and_uniform():
 
 
 def test_write_ternary_is_deterministic_readable_and_reused(tmp_path):
-    from ternary.formats import dequantize
+    from ternary.formats import Checkpoint, dequantize
+    from ternary.formats.modules import LLAMA_PROJECTIONS
     from ternary.vllm import spec
 
     dims = bigmodel.shape("tiny", 1)
@@ -68,6 +69,10 @@ def test_write_ternary_is_deterministic_readable_and_reused(tmp_path):
     assert bigmodel.write_ternary(a, dims, seed=3, progress=False) == (a, False)
     config = json.loads((a / "config.json").read_text())
     assert spec.parse(config["quantization_config"]).format == "ternary"
+    with Checkpoint(a) as ckpt:  # the readers check each shape against config.json
+        assert {m.name: (m.n, m.k) for m in ckpt} == {
+            f"model.layers.0.{p}": shape for p, shape in bigmodel.linear_shapes(dims).items()}
+    assert list(bigmodel.linear_shapes(dims)) == list(LLAMA_PROJECTIONS)
     for name in ("model.layers.0.mlp.down_proj", "model.layers.0.self_attn.k_proj"):
         wa, wb = dequantize(a, name), dequantize(b_, name)
         assert torch.equal(wa, wb)

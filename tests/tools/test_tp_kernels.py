@@ -86,8 +86,8 @@ def test_pynccl_without_vllm_is_refused(monkeypatch):
 
 
 def test_llama7b_shapes_per_rank():
-    assert tp_kernels.LLAMA7B_TP2 == (("qkv", 4096, 6144), ("o_proj", 2048, 4096),
-                                      ("gate_up", 4096, 11008), ("down_proj", 5504, 4096))
+    assert tp_kernels.llama7b_shapes(2) == (("qkv", 4096, 6144), ("o_proj", 2048, 4096),
+                                            ("gate_up", 4096, 11008), ("down_proj", 5504, 4096))
     # TP=4: down_proj's K of 43 k tiles, one more than whole rounds of wgmma_big's 6 stages
     assert tp_kernels.llama7b_shapes(4)[3] == ("down_proj", 2752, 4096)
     with pytest.raises(ValueError, match="tensor parallel 3 does not divide"):

@@ -18,7 +18,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this environment")
 pytest.importorskip("tokenizers", reason="make-tiny trains its tokenizer with `tokenizers`")
 
 from ternary.tools.synthetic import tiny
-from ternary.tools.engine import free_port
 from ternary.tools.validate import PROMPTS
 from ternary.vllm import models
 from ternary.vllm.version import vllm_version
@@ -146,38 +145,13 @@ def test_tp2_engine_equals_tp1(offline, served):
         assert float((a - b).abs().max()) < 1e-4, p
 
 
-def _start_ranks(world: int, d: Path) -> list:
-    port = str(free_port())
-    env = {**os.environ, **CPU_ENV, "VLLM_DIST_IDENT": f"ternary-bitnet-{port}"}
-    procs = []
-    for rank in range(world):
-        name = d / f"w{world}r{rank}"
-        log = open(f"{name}.log", "wb")  # noqa: SIM115 (closed in _finish_ranks)
-        procs.append((name, log, subprocess.Popen(
-            [sys.executable, str(WORKER), "layers", str(rank), str(world), port, f"{name}.json"],
-            stdout=log, stderr=subprocess.STDOUT, env=env)))
-    return procs
-
-
-def _finish_ranks(procs) -> list[dict]:
-    for name, log, p in procs:
-        try:
-            rc = p.wait(timeout=300)
-        finally:
-            if p.poll() is None:
-                p.kill()
-            log.close()
-        tail = Path(f"{name}.log").read_text(errors="replace")[-3000:]
-        assert rc == 0, f"{name.name} exited {rc}:\n{tail}"
-    return [json.loads(Path(f"{name}.json").read_text()) for name, _, _ in procs]
-
-
 @pytest.fixture(scope="module")
-def layer_runs(tmp_path_factory):
+def layer_runs(tmp_path_factory, tp_ranks):
     """(TP=1 result, [TP=2 rank 0, rank 1]); all three processes at once."""
     d = tmp_path_factory.mktemp("bitnet-layers")
-    one, two = _start_ranks(1, d), _start_ranks(2, d)
-    return _finish_ranks(one)[0], _finish_ranks(two)
+    one, two = [tp_ranks.start(WORKER, ["layers"], world, d / f"w{world}r", CPU_ENV)
+                for world in (1, 2)]
+    return tp_ranks.finish(one)[0], tp_ranks.finish(two)
 
 
 def _tp_diffs(layer_runs, activation: str) -> dict[str, float]:

@@ -78,6 +78,20 @@ def test_make_tiny_norms_have_outlier_channels(tmp_path, arch):
     assert torch.equal(t["model.norm.weight"], torch.ones(128))
 
 
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_make_tiny_writes_the_projections_its_config_gives(tmp_path, arch):
+    """Every decoder layer holds the projections of ternary.formats.modules' table, each of
+    the [N, K] the format readers take from the config.json written beside it."""
+    from ternary.formats import Checkpoint
+    from ternary.formats.modules import LLAMA_PROJECTIONS, expected_shape
+
+    with Checkpoint(tiny.make(tmp_path, arch=arch)) as ckpt:
+        got = {m.name: (m.n, m.k) for m in ckpt}
+        cfg = ckpt.config
+    assert got == {f"model.layers.{i}.{p}": expected_shape(cfg, p)[0]
+                   for i in range(cfg["num_hidden_layers"]) for p in LLAMA_PROJECTIONS}
+
+
 def test_make_tiny_bitnet_refusals(tmp_path, capsys):
     assert cli(["make-tiny", str(tmp_path / "x"), "--arch", "bitnet", "--format", "ternary"]) == 2
     assert "format='ternary' applies to arch 'llama' only" in capsys.readouterr().err

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ternary.formats.modules import llama_widths, projection_shapes
+
 # Llama-2-7B (meta-llama/Llama-2-7b-hf config.json).
 SHAPES: dict[str, dict[str, int]] = {
     "llama2-7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
@@ -39,8 +41,6 @@ SHAPES: dict[str, dict[str, int]] = {
 # Shapes whose model is not a Llama: BitNetForCausalLM adds attn_sub_norm and ffn_sub_norm,
 # relu2 for silu, tied embeddings, and computes with int8 activations (int8_per_token).
 ARCHS = {"bitnet-2b": "bitnet"}
-PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 MANIFEST = "bigmodel.json"  # what wrote the directory, so a rerun can reuse it
 SHARD_BYTES = 1 << 30
 
@@ -88,13 +88,15 @@ def config(dims: dict[str, int], quantized: bool, arch: str = "llama",
     return cfg
 
 
+def widths(dims: dict[str, int]) -> dict[str, int]:
+    """The layer widths (ternary.formats.modules.llama_widths) of a shape of SHAPES."""
+    return llama_widths(dims["hidden_size"], dims["intermediate_size"],
+                        dims["num_attention_heads"], dims["num_key_value_heads"])
+
+
 def linear_shapes(dims: dict[str, int]) -> dict[str, tuple[int, int]]:
     """Projection -> (N, K)."""
-    h, i = dims["hidden_size"], dims["intermediate_size"]
-    kv = dims["num_key_value_heads"] * (h // dims["num_attention_heads"])
-    return {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h),
-            "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, h),
-            "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+    return projection_shapes(widths(dims))
 
 
 def _byte_table() -> torch.Tensor:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ternary.formats import bitnet, canonical
+from ternary.formats.modules import llama_widths, projection_shapes
 
 SHAPE = {
     "hidden_size": 128,
@@ -54,21 +55,12 @@ Once upon a time there was a small model that could only say a few words, but it
 the same way every time. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Servers answer requests;
 clients send prompts and read tokens back, one at a time or all at once.
 """
-PROJECTIONS = {  # module -> (rows N, inputs K) as multiples of SHAPE entries
-    "self_attn.q_proj": ("q", "hidden"),
-    "self_attn.k_proj": ("kv", "hidden"),
-    "self_attn.v_proj": ("kv", "hidden"),
-    "self_attn.o_proj": ("hidden", "q"),
-    "mlp.gate_proj": ("inter", "hidden"),
-    "mlp.up_proj": ("inter", "hidden"),
-    "mlp.down_proj": ("hidden", "inter"),
-}
 
 
 def _dims(s: dict[str, int] = SHAPE) -> dict[str, int]:
-    return {"hidden": s["hidden_size"], "inter": s["intermediate_size"],
-            "q": s["num_attention_heads"] * s["head_dim"],
-            "kv": s["num_key_value_heads"] * s["head_dim"]}
+    """The layer widths (ternary.formats.modules.llama_widths) of a shape like SHAPE."""
+    return llama_widths(s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
+                        s["num_key_value_heads"], s["head_dim"])
 
 
 def train_tokenizer(out: Path, vocab_size: int = VOCAB_SIZE,
@@ -245,8 +237,7 @@ def _write(out: Path, fmt: str, scale: str, group_size: int, seed: int, shape: d
         if arch == "bitnet":
             tensors[f"{p}.self_attn.attn_sub_norm.weight"] = norm(d["q"])
             tensors[f"{p}.mlp.ffn_sub_norm.weight"] = norm(d["inter"])
-        for mod, (rows, cols) in PROJECTIONS.items():
-            n, k = d[rows], d[cols]
+        for mod, (n, k) in projection_shapes(d).items():
             w = randn(n, k, std=k ** -0.5)
             if online:
                 enc = {"weight": w}  # quantized by the loader (transformers' WeightQuant)
