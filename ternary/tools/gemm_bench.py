@@ -46,7 +46,7 @@ M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
 MIN_REPLAYS = 3
-METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "gemlite")
+METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "a8_tc", "int_mm", "gemlite")
 
 
 @dataclass
@@ -185,6 +185,15 @@ def weight_copies(k: int, n: int, device, dtype, fused):
     return codes, scales, packed, prepared, dense
 
 
+def _int_mm_a8(x, codes, scale, dtype):
+    """An int8_per_token layer on torch._int_mm: quantize, int8 x int8 -> int32 by cuBLASLt
+    (codes [N, K] read as the [K, N] column-major operand it wants), the float32 epilogue."""
+    from ternary import ops
+
+    xq, s = ops.quantize_act_int8(x, torch.int8)
+    return (torch._int_mm(xq, codes.t()).to(torch.float32) * scale / s).to(dtype)
+
+
 def _gemlite_layers(codes_list, scale_value: float, dtype):
     from gemlite.helper import A16W158_INT
 
@@ -267,6 +276,17 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                     "a8": [lambda p=p, x=x, c=choice: ops.linear_a8(
                         x, lambda q: c.apply(q, p, None)) for p in auto_prep],
                 }
+                if _ext.load() is not None:
+                    # int8 tensor cores: quantize, then ternary::gemm_a8 on the packed codes
+                    cases["a8_tc"] = [lambda p=p, s=s, x=x: ops.gemm_a8(
+                        *ops.quantize_act_int8(x, torch.int8), p, s, None, dtype)
+                        for p, s in zip(packed, scales)]
+                # cuBLASLt int8 (int32 out) on the dense int8 codes, with the same epilogue;
+                # torch._int_mm takes M > 16 and K, N multiples of 8 only (checked here: a
+                # refusal inside a graph capture would break the capture)
+                if m > 16 and k % 8 == 0 and n % 8 == 0:
+                    cases["int_mm"] = [lambda c=c, s=s, x=x: _int_mm_a8(x, c, s, dtype)
+                                       for c, s in zip(codes, scales)]
                 if layers is not None:
                     cases["gemlite"] = [lambda lay=lay, x=x: lay(x) for lay in layers]
                 for name, calls in cases.items():
@@ -298,6 +318,10 @@ def _write_json(path: str, result: dict) -> None:
         json.dump(result, fh, indent=1)
 
 
+def _ratio(slow, fast) -> str:
+    return f"{slow / fast:.2f}" if slow and fast else "-"
+
+
 def render(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -307,9 +331,11 @@ def render(result: dict) -> None:
                      f"rotated past L2; copy {meta['copy_bandwidth_Bps'] / 1e12:.2f} TB/s, bf16 mm "
                      f"{meta['bf16_mm_flops'] / 1e12:.0f} TFLOP/s; times in us"))
     a8 = any(r["us"].get("a8") for r in result["rows"])
+    tc = any(r["us"].get("a8_tc") for r in result["rows"])
     for col in ("K x N", "M", "fused (kernel)", "auto (policy)", "cuBLAS bf16", "dequant+mm",
                 "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %",
-                *(("A8 route", "A8 x cuBLAS") if a8 else ())):
+                *(("A8 route", "A8 x cuBLAS") if a8 else ()),
+                *(("A8 int8 TC", "int_mm A8", "TC x cuBLAS", "TC x int_mm") if tc else ())):
         t.add_column(col, justify="right")
 
     def f(v):
@@ -327,11 +353,17 @@ def render(result: dict) -> None:
                   f"{floor:.1f}{'' if r['floor_bw_us'] >= r['floor_compute_us'] else ' (c)'}",
                   f"{100 * floor / au:.0f}" if au else "-",
                   *((f(us.get("a8")), f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-")
-                    if a8 else ()))
+                    if a8 else ()),
+                  *((f(us.get("a8_tc")), f(us.get("int_mm")), _ratio(cb, us.get("a8_tc")),
+                     _ratio(us.get("int_mm"), us.get("a8_tc"))) if tc else ()))
     console = Console(width=160)
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
+    if tc:
+        console.print("A8 int8 TC: quantize + ternary::gemm_a8 (int8 tensor cores); int_mm A8: "
+                      "quantize + torch._int_mm (cuBLASLt int8) on the dense int8 codes + the "
+                      "same epilogue ('-' where it refuses the shape, M <= 16)")
     if a8:
         console.print("A8 route: an int8_per_token layer as the plugin runs it (per-token int8 "
                       "quantize, `auto` on the integer-valued x, divide by the token scales)")
