@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ternary import settings
-from ternary._build import archs, checks, envs, matrix, reproducible, sass
+from ternary._build import archs, checks, envs, matrix, reproducible, sass, staging
 
 DIST = matrix.REPO / "dist"
 
@@ -123,15 +123,11 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     what = f"{archs.virtual(ptx)} PTX only" if ptx else target.torch_arch_list
     print(f"[{target.name}] compiling ternary._C for {what} with {tc.provider} "
           f"CUDA {tc.nvcc_version} ...", flush=True)
-    # the wheel is built into dist/.building-PID and renamed into dist/ only when complete:
-    # a killed build leaves no file with a wheel's final name (the next build removes it)
-    for stale in DIST.glob(".building-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            print(f"[{target.name}] removing {stale}: left by build process {pid}, which is "
-                  "gone", flush=True)
-            shutil.rmtree(stale, ignore_errors=True)
-    building = DIST / f".building-{os.getpid()}"
+    # the wheel is built into dist/.wheel.building-PID and renamed into dist/ only when
+    # complete: a killed build leaves no file with a wheel's final name (the next removes it)
+    for msg in staging.remove_stale_temp_dirs(DIST / "wheel", "building"):
+        print(f"[{target.name}] {msg}", flush=True)
+    building = staging.temp_dir_for(DIST / "wheel", "building")
     shutil.rmtree(building, ignore_errors=True)
     try:
         subprocess.run([str(py), "-m", "build", "--wheel", "--no-isolation",
@@ -232,16 +228,6 @@ def install_wheel(py: Path, wheel: Path, host_torch: bool) -> None:
     else:
         cmd = [envs.uv(), "pip", "install", "--python", str(py), "--no-deps", "--reinstall", str(wheel)]
     subprocess.run(cmd, check=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def install_reference(py: Path) -> None:

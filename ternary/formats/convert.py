@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from ternary._build.staging import remove_stale_temp_dirs, temp_dir_for
 from ternary.formats import canonical, dense, vendor_int8
 from ternary.formats.errors import FormatError
-from ternary.formats.files import (CONFIG, INDEX, ShardWriter, iter_tensor_names,
-                                   remove_stale_temp_dirs, temp_dir_for, test_pause)
+from ternary.formats.files import CONFIG, INDEX, ShardWriter, iter_tensor_names, test_pause
 from ternary.formats.modules import not_converted, split_fused_layers
 from ternary.formats.reader import Checkpoint, plan_scale
 

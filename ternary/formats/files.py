@@ -267,48 +267,6 @@ class ModelFiles:
         self.close()
 
 
-def temp_dir_for(dst: Path, what: str) -> Path:
-    """Where a writer of `dst` works until its final rename: next to it (the same
-    filesystem, so the rename is atomic), hidden, named after this process
-    (`.DST.WHAT-PID`), so a later run can tell a dead writer's leftovers from a live one's."""
-    return dst.with_name(f".{dst.name}.{what}-{os.getpid()}")
-
-
-def remove_stale_temp_dirs(dst: Path, what: str) -> list[str]:
-    """Removes the temporary directories of `dst` whose writer process is gone (killed
-    half-way); one message for each."""
-    import shutil
-
-    said = []
-    prefix = f".{dst.name}.{what}-"
-    if not dst.parent.is_dir():
-        return said
-    for p in sorted(dst.parent.glob(f"{glob_escape(prefix)}*")):
-        pid = p.name[len(prefix):]
-        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        said.append(f"removed {p}: a stale temporary directory of {dst.name} left by process "
-                    f"{pid}, which is gone")
-    return said
-
-
-def glob_escape(s: str) -> str:
-    import glob
-
-    return glob.escape(s)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def test_pause() -> None:
     """TERNARY_TEST_SLOW_WRITE_S: a test's window to kill a writer half-way."""
     from ternary import settings

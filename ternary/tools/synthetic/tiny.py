@@ -167,7 +167,7 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
     if others:
         raise ValueError(f"{out} holds another model's weights ({', '.join(others[:3])}"
                          f"{', ...' if len(others) > 3 else ''}); choose an empty directory")
-    from ternary.formats.files import remove_stale_temp_dirs, temp_dir_for
+    from ternary._build.staging import remove_stale_temp_dirs, temp_dir_for
 
     for msg in remove_stale_temp_dirs(out, "making"):  # of a make-tiny killed half-way
         print(f"make-tiny: {msg}", file=sys.stderr)
