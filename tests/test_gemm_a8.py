@@ -212,3 +212,21 @@ def test_cuda_torch_compile_quantize_then_gemm():
     for m in (1, 7, 300):
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         torch.testing.assert_close(compiled(x), layer(x), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_cuda_op_checks_its_arguments_without_the_python_wrapper():
+    """torch.ops.ternary.gemm_a8 called directly (C++ callers, other wrappers): csrc/ops.cpp's
+    own checks, by name."""
+    (xq, s, packed, scale, _), _ = _case(4, 8, 16, "cuda")
+    op = torch.ops.ternary.gemm_a8
+    bf = torch.zeros(8, dtype=torch.bfloat16, device="cuda")
+    for args, pattern in [
+        ((xq.float(), s, packed, scale, None, torch.bfloat16), "xq int8 \\[M, K\\] with K=16"),
+        ((xq, s[:3], packed, scale, None, torch.bfloat16), "s float32 \\[M, 1\\] or \\[M\\] with M=4"),
+        ((xq, s, packed, scale.view(8, 1), None, torch.bfloat16), "channel scale float32 \\[8\\]"),
+        ((xq, s, packed, scale, None, torch.int8), "out_dtype="),
+        ((xq, s, packed, scale, bf, torch.int32), "none with int32"),
+    ]:
+        with pytest.raises((ValueError, RuntimeError), match=pattern):
+            op(*args)

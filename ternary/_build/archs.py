@@ -32,11 +32,6 @@ def virtual(arch: str) -> str:
     return "compute_" + arch_to_sm(arch)[len("sm_"):]
 
 
-def ptx_sm(arch: str) -> str:
-    """The name cuobjdump --list-ptx gives that PTX ('8.0' -> 'sm_80')."""
-    return arch_to_sm(arch)
-
-
 def gencode_flags(arch_list: list[str] | tuple[str, ...], ptx: str | None = None) -> list[str]:
     """nvcc's -gencode flags: SASS for each arch ('9.0a' -> code=sm_90a; '8.0+PTX' adds the
     PTX), or with `ptx` the PTX of that one arch and no SASS. Passed explicitly rather than
@@ -49,9 +44,8 @@ def gencode_flags(arch_list: list[str] | tuple[str, ...], ptx: str | None = None
     flags = []
     for a in arch_list:
         base, plus = (a[:-len("+PTX")], True) if a.endswith("+PTX") else (a, False)
-        sm = arch_to_sm(base)
-        c = "compute_" + sm[len("sm_"):]
-        flags.append(f"-gencode=arch={c},code={sm}")
+        c = virtual(base)
+        flags.append(f"-gencode=arch={c},code={arch_to_sm(base)}")
         if plus:
             flags.append(f"-gencode=arch={c},code={c}")
     return flags

@@ -144,7 +144,8 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
     wheel = wheels[0]
     reproducible.normalize_wheel(wheel, epoch)
     if ptx:
-        found = sass.check_wheel(tc.cuobjdump, wheel, (), ptx=(archs.ptx_sm(ptx),))
+        # cuobjdump --list-ptx names compute_80's PTX sm_80
+        found = sass.check_wheel(tc.cuobjdump, wheel, (), ptx=(matrix.arch_to_sm(ptx),))
     else:
         found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
     timings["total_s"] = time.monotonic() - t0

@@ -276,11 +276,10 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                     "a8": [lambda p=p, x=x, c=choice: ops.linear_a8(
                         x, lambda q: c.apply(q, p, None)) for p in auto_prep],
                 }
-                if _ext.load() is not None:
-                    # int8 tensor cores: quantize, then ternary::gemm_a8 on the packed codes
-                    cases["a8_tc"] = [lambda p=p, s=s, x=x: ops.gemm_a8(
-                        *ops.quantize_act_int8(x, torch.int8), p, s, None, dtype)
-                        for p, s in zip(packed, scales)]
+                # int8 tensor cores: quantize, then ternary::gemm_a8 on the packed codes
+                cases["a8_tc"] = [lambda p=p, s=s, x=x: ops.gemm_a8(
+                    *ops.quantize_act_int8(x, torch.int8), p, s, None, dtype)
+                    for p, s in zip(packed, scales)]
                 # cuBLASLt int8 (int32 out) on the dense int8 codes, with the same epilogue;
                 # torch._int_mm takes M > 16 and K, N multiples of 8 only (checked here: a
                 # refusal inside a graph capture would break the capture)

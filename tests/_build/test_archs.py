@@ -23,7 +23,7 @@ def test_sass_flags_for_every_arch_of_the_list():
 
 def test_a_ptx_build_compiles_one_virtual_arch_and_no_sass():
     assert archs.gencode_flags(["9.0a"], ptx="8.9") == ["-gencode=arch=compute_89,code=compute_89"]
-    assert archs.virtual("8.0") == "compute_80" and archs.ptx_sm("8.9") == "sm_89"
+    assert archs.virtual("8.0") == "compute_80" and archs.virtual("9.0a") == "compute_90a"
 
 
 @pytest.mark.parametrize("bad,match", [("9.0a", "arch-specific"), ("sm_80", "MAJOR.MINOR"),

@@ -85,3 +85,15 @@ def test_gpu_smoke_runs_bf16_on_the_fused_kernel():
 def test_ptx_arch_option():
     assert pipeline.parse_args(["--ptx-arch", "8.0", "--", "-m", "gpu"]).ptx_arch == "8.0"
     assert pipeline.parse_args([]).ptx_arch is None
+
+
+def test_a_ptx_build_must_hold_exactly_its_ptx(tmp_path):
+    tool = tmp_path / "cuobjdump"
+    tool.write_text("#!/bin/sh\ncase \"$1\" in --list-ptx) echo 'PTX file    1: _C.1.sm_80.ptx';; "
+                    "*) echo 'cuobjdump info    : File does not contain device code';; esac\n")
+    tool.chmod(0o755)
+    assert sass.check_wheel(tool, _wheel(tmp_path), (), ptx=("sm_80",)) == {
+        "sass": [], "ptx": ["sm_80"]}
+    with pytest.raises(sass.SassError, match=r"PTX for \['sm_80'\], but this PTX build asked "
+                                             r"for \['sm_89'\]"):
+        sass.check_wheel(tool, _wheel(tmp_path), (), ptx=("sm_89",))
