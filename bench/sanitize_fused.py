@@ -1,13 +1,14 @@
-"""A small fused-kernel workload for compute-sanitizer (memcheck, racecheck): every template
+"""A small workload for compute-sanitizer (memcheck, racecheck): every fused-kernel template
 instance the dispatcher can pick (M tiers, group and channel scales, both dtypes), on shapes
-with ragged N and K so the bounds checks are exercised. Exits non-zero on a wrong result."""
+with ragged N and K so the bounds checks are exercised; then the int8 path (quantize_act_int8
+and gemm_a8, every output dtype, ragged tiles). Exits non-zero on a wrong result.
+
+Imports the installed ternary (run it with -P), or the checkout's on PYTHONPATH."""
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ternary import ops
 
 torch.manual_seed(0)
@@ -66,4 +67,23 @@ for dtype in (torch.bfloat16, torch.float16):
         torch.cuda.synchronize()
         if not torch.isfinite(y).all():
             sys.exit(f"non-finite output m={m} n={n} k={k} g={g} {dtype}")
+# W1.58A8: per-token quantize, then int8 tensor cores (csrc/gemm_a8.cu): M, N and K off the
+# 64 x 64 x 64 tile (K a multiple of 4 only), channel and tensor scales, bias, int32 sums
+for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200, 1000),
+                (129, 63, 2052), (300, 300, 96)):
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    xq, sx = ops.quantize_act_int8(x, torch.int8)
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
+    packed = ops.pack(codes)
+    acc = ops.gemm_a8(xq, sx, packed, torch.ones(n, device="cuda"), None, torch.int32)
+    want = (xq.double() @ codes.double().T)
+    if not torch.equal(acc.double(), want):
+        sys.exit(f"gemm_a8 int32 sums wrong m={m} n={n} k={k}")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        scale = torch.rand(1 if m % 2 else n, device="cuda") + 0.5
+        bias = torch.randn(n, dtype=dtype, device="cuda")
+        y = ops.gemm_a8(xq, sx, packed, scale, bias, dtype)
+        torch.cuda.synchronize()
+        if not torch.isfinite(y).all():
+            sys.exit(f"gemm_a8 non-finite output m={m} n={n} k={k} {dtype}")
 print("sanitize workload done")

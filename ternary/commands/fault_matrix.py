@@ -26,13 +26,21 @@ def add_arguments(p) -> None:
                         f"{list(TINY_MODELS)} (bitnet-arch: BitNetForCausalLM; default: all)")
     p.add_argument("--work", type=Path, help="models and server logs here (kept)")
     p.add_argument("--health-timeout", type=float, default=600)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the servers' --dtype (bfloat16 on a GPU whose attention takes no float32)")
+    p.add_argument("--server-args", default="", metavar="ARGS",
+                   help="more `ternary serve` options for every server, one string, e.g. "
+                        "'--distributed-executor-backend mp' (a worker process on one GPU)")
 
 
 def run(args) -> int:
+    import shlex
+
     from ternary.tools import fault_matrix
 
     return fault_matrix.main(args.short, args.json, load=args.load, soak_s=args.soak_s,
                              total=args.requests, clients=args.clients,
                              formats=tuple(f for f in args.formats.split(",") if f),
                              work=args.work, health_timeout=args.health_timeout,
-                             only=tuple(f for f in args.only.split(",") if f))
+                             only=tuple(f for f in args.only.split(",") if f),
+                             dtype=args.dtype, server_args=tuple(shlex.split(args.server_args)))

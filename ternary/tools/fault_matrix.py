@@ -247,8 +247,10 @@ def tree_pss_kib(root: int) -> int:
 # -- the faults -------------------------------------------------------------------------
 
 class Bench:
-    def __init__(self, work: Path, say, health_timeout: float, n_prompts: int = 16):
+    def __init__(self, work: Path, say, health_timeout: float, n_prompts: int = 16,
+                 dtype: str = "float32", server_args: tuple[str, ...] = ()):
         self.work, self.say, self.health_timeout = work, say, health_timeout
+        self.dtype, self.server_args = dtype, server_args
         self.n_prompts = n_prompts
         self.models: dict[str, Path] = {}
         self.refs: dict[str, dict[str, str]] = {}
@@ -266,8 +268,9 @@ class Bench:
     def start(self, tag: str, fmt: str = "ternary", max_num_seqs: int | None = MAX_NUM_SEQS
               ) -> Server:
         port = free_port()
-        cmd = server_command(self.model(fmt), "ternary", port) + [
-            *(["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []), "--enforce-eager"]
+        cmd = server_command(self.model(fmt), "ternary", port, self.dtype) + [
+            *(["--max-num-seqs", str(max_num_seqs)] if max_num_seqs else []), "--enforce-eager",
+            *self.server_args]
         server = Server(cmd, port, self.work / f"server-{tag}.log")
         self.say(f"[{tag}] started ternary serve (PID {server.proc.pid}); waiting for /health")
         t = time.monotonic()
@@ -388,8 +391,9 @@ FAULTS = ("streams", "flood", "sigterm", *KILLS)
 
 
 def matrix(work: Path, short: bool, say, health_timeout: float = HEALTH_TIMEOUT_S,
-           only: tuple[str, ...] = ()) -> list[Row]:
-    b = Bench(work, say, health_timeout)
+           only: tuple[str, ...] = (), dtype: str = "float32",
+           server_args: tuple[str, ...] = ()) -> list[Row]:
+    b = Bench(work, say, health_timeout, dtype=dtype, server_args=server_args)
     rows = []
     if short:
         server = b.start("short")
@@ -497,7 +501,8 @@ def load_run(b: Bench, fmt: str, total: int, clients: int, soak_s: float) -> Loa
 def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
          total: int = 2000, clients: int = 128, formats: tuple[str, ...] = tuple(TINY_MODELS),
          work: Path | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
-         only: tuple[str, ...] = ()) -> int:
+         only: tuple[str, ...] = (), dtype: str = "float32",
+         server_args: tuple[str, ...] = ()) -> int:
     unknown = [f for f in formats if f not in TINY_MODELS]
     if load and unknown:  # before any model is written or server started
         print(f"ternary fault-matrix: error: --formats: unknown {unknown}; choose from "
@@ -512,7 +517,7 @@ def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
         print(f"fault-matrix: {msg}", file=sys.stderr, flush=True)
 
     if load:
-        b = Bench(work, say, health_timeout, n_prompts=64)
+        b = Bench(work, say, health_timeout, n_prompts=64, dtype=dtype, server_args=server_args)
         runs = [load_run(b, f, total, clients, soak_s) for f in formats]
         if as_json:
             print(json.dumps([dict(dataclasses.asdict(r), growth=r.growth, ok=r.ok)
@@ -529,7 +534,7 @@ def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
                       f"{r.pss_1min_kib / 1024:.0f} | {r.pss_end_kib / 1024:.0f} | "
                       f"{100 * r.growth:+.1f} % | {'ok' if r.ok else 'FAIL'} |")
         return 0 if all(r.ok for r in runs) else 1
-    rows = matrix(work, short, say, health_timeout, only)
+    rows = matrix(work, short, say, health_timeout, only, dtype, server_args)
     if as_json:
         print(json.dumps([dict(dataclasses.asdict(r), ok=_row_ok(r)) for r in rows], indent=2))
     else:

@@ -229,7 +229,8 @@ stage_doctor() {
 stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite)
   need ternary || { record gpu-tests 1 0 "prerequisite missing (see above)"; return 1; }
   run_step gpu-tests 180 30 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
-    "$REPO/tests/test_kernels.py" "$REPO/tests/test_tp_kernels.py" -q -p no:cacheprovider
+    "$REPO/tests/test_kernels.py" "$REPO/tests/test_tp_kernels.py" "$REPO/tests/test_gemm_a8.py" \
+    -q -p no:cacheprovider
 }
 
 stage_vllm_tests() {
@@ -447,6 +448,85 @@ stage_tp_hang() {
   unset TERNARY_STACKS_ON_SIGUSR1
 }
 
+# `ternary bench` (CUDA graphs, weights rotated past L2): every route, cuBLAS bf16 and
+# cuBLASLt int8 at KBENCH_SHAPES and KBENCH_M (the int8 tensor-core kernel among them)
+KBENCH_SHAPES=${KBENCH_SHAPES:-tracked bitnet-2b}
+KBENCH_M=${KBENCH_M:-1 4 16 64 256 1024 4096 16384}
+stage_kbench() {
+  need ternary || { record kbench 1 0 "prerequisite missing (see above)"; return 1; }
+  # shellcheck disable=SC2086
+  run_step kbench 300 60 "$VPY" -P -m ternary bench --shapes $KBENCH_SHAPES --m $KBENCH_M \
+    --no-gemlite --settle "${KBENCH_SETTLE:-0.1}" --json "$W/results/kbench.json"
+  local rc=$?
+  grep -v "^\s*$" "$W/logs/kbench.log" | tail -n 120
+  return $rc
+}
+
+# ternary._C built as PTX of PTX_ARCH (8.0: the A100's code path, 8.9: the RTX 4090's),
+# JIT-compiled by the driver on this GPU, in its own venv, then PTX_STEPS of: test (every GPU
+# test of tests/), doctor (it times the JIT), sanitize (compute-sanitizer memcheck and
+# racecheck on bench/sanitize_fused.py), bench (`ternary bench`, the tracked shapes), smoke
+# (smoke-h200's requests to PTX_SMOKE_FORMATS, every layer on the fused kernel; needs setup)
+PTX_ARCH=${PTX_ARCH:-8.0}
+PTX_STEPS=${PTX_STEPS:-test doctor sanitize bench smoke}
+PTX_SMOKE_FORMATS=${PTX_SMOKE_FORMATS:-ternary,bitnet-arch}
+_ptx_build() {
+  cd "$REPO" && python3 -m ternary._build.pipeline "$@" h200 --host-torch --toolchain system \
+    --ptx-arch "$PTX_ARCH"
+}
+stage_ptx() {
+  local tag=ptx${PTX_ARCH/./} step rc=0 tool
+  local venvs=$W/venvs-$tag py=$W/venvs-$tag/h200-host/bin/python
+  for step in $PTX_STEPS; do
+    case $step in
+      test)
+        TERNARY_VENVS=$venvs run_step "$tag-test" 300 120 bash -c "$(fn _ptx_build test) \
+          -- -q -m gpu -p no:cacheprovider" || rc=1 ;;
+      doctor|sanitize|bench|smoke)
+        if [ ! -x "$py" ] || ! (cd "$W" && "$py" -P -c "import ternary._C") 2>/dev/null; then
+          TERNARY_VENVS=$venvs run_step "$tag-wheel" 240 100 bash -c \
+            "$(fn _ptx_build build) && '$py' -m pip install -q --no-deps --force-reinstall \
+            --no-index \"$REPO/\$(python3 -c \"import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])\")\"" \
+            || { rc=1; continue; }
+        fi ;;&
+      doctor)
+        run_step "$tag-doctor" 90 20 "$py" -P -m ternary doctor || rc=1
+        grep -E "gpu0|ternary._C|kernel|JIT" "$W/logs/$tag-doctor.log" | head -20 ;;
+      sanitize)
+        for tool in memcheck racecheck; do
+          run_step "$tag-$tool" 240 60 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+            "$py" -P "$REPO/bench/sanitize_fused.py" || rc=1
+          tail -n 3 "$W/logs/$tag-$tool.log"
+        done ;;
+      bench)
+        run_step "$tag-bench" 200 60 "$py" -P -m ternary bench --shapes tracked --no-gemlite \
+          --settle "${KBENCH_SETTLE:-0.1}" --json "$W/results/$tag-bench.json" || rc=1
+        grep -v "^\s*$" "$W/logs/$tag-bench.log" | tail -n 50 ;;
+      smoke)
+        need vllm || { record "$tag-smoke" 1 0 "vLLM not set up"; rc=1; continue; }
+        run_step "$tag-smoke" 360 150 bash -c "cd '$REPO' && '$py' -P -m ternary smoke \
+          --target h200 --dtype bfloat16 --expect-kernel fused --formats '$PTX_SMOKE_FORMATS' \
+          --keep '$W/smoke-$tag' --health-timeout 240 --json > '$W/logs/$tag-smoke.stdout'" || rc=1
+        json_tail "$W/logs/$tag-smoke.stdout" "$W/results/$tag-smoke.json" ;;
+      *) echo "== ptx: unknown step '$step' (test doctor sanitize bench smoke)"; rc=1 ;;
+    esac
+  done
+  return $rc
+}
+
+# The fault matrix (ternary.tools.fault_matrix) against this GPU's vLLM: real `ternary serve`
+# servers, engine / worker / server killed, SIGTERM under load. A worker process on one GPU
+# needs vLLM's multiprocessing executor (the default there runs the model in the engine).
+stage_faults() {
+  need vllm ternary || { record faults 1 0 "prerequisite missing (see above)"; return 1; }
+  run_step faults 420 120 bash -c "'$VPY' -P -m ternary fault-matrix --dtype bfloat16 \
+    --only '${FAULTS_ONLY:-sigterm,engine,worker,server}' --work '$W/faults' \
+    --server-args='${FAULTS_SERVER_ARGS:---distributed-executor-backend mp}' --health-timeout 240"
+  local rc=$?
+  grep -E "^\||fault-matrix: (PASSED|FAILED)" "$W/logs/faults.log"
+  return $rc
+}
+
 h200_finish() {
   local py=python3
   ternary_ready && py=$VPY
@@ -458,11 +538,11 @@ h200_finish() {
   # every result, the tp-* ones included, in one file (a call brings back 8 files at most)
   (cd "$W" && tar -czf "$OUT/results.tar.gz" results 2>/dev/null)
   # one archive for every log (8 files at most come back, 16 MiB each)
-  (cd "$W" && find logs smoke bench-logs* tp-smoke tp-smoke-big -name '*.log' -size -200M 2>/dev/null \
+  (cd "$W" && find logs smoke smoke-ptx* faults bench-logs* tp-smoke tp-smoke-big -name '*.log' -size -200M 2>/dev/null \
      | tar -czf "$OUT/logs.tar.gz" -T - 2>/dev/null)
   if [ "$(stat -c %s "$OUT/logs.tar.gz" 2>/dev/null || echo 0)" -gt $((15 * 1024 * 1024)) ]; then
     rm -rf "$W/logtails" && mkdir -p "$W/logtails"
-    (cd "$W" && find logs smoke bench-logs* tp-smoke tp-smoke-big -name '*.log' 2>/dev/null | while read -r f; do
+    (cd "$W" && find logs smoke smoke-ptx* faults bench-logs* tp-smoke tp-smoke-big -name '*.log' 2>/dev/null | while read -r f; do
        mkdir -p "logtails/$(dirname "$f")"; tail -n 3000 "$f" > "logtails/$f"; done
      tar -czf "$OUT/logs.tar.gz" logtails)
   fi

@@ -17,6 +17,10 @@
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
 #   models      write the bench models (Llama-2-7B shape ternary, 2 GB; one-layer) ahead
 #   bench       ternary bench-serve: ternary vs bf16 (dummy) vs one-layer, batch 1/16/64
+#   kbench      ternary bench: the kernels at KBENCH_SHAPES x KBENCH_M (int8 tensor cores too)
+#   ptx         ternary._C as PTX of PTX_ARCH (8.0, 8.9) through the JIT: PTX_STEPS of test
+#               doctor sanitize bench smoke (docs/build.md, PTX builds)
+#   faults      ternary fault-matrix on this GPU's vLLM (engine, worker, server killed; SIGTERM)
 # Tensor parallel ($TP GPUs, the nvidia-h200-x2 machine; README.md, "Two GPUs"):
 #   tp-validate   ternary validate --tp $TP --against-tp 1 on a make-tiny model (float32, else bf16)
 #   tp-refusals   tests/vllm/test_tp_serve.py: shapes that do not split are refused before loading
@@ -46,9 +50,9 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(setup build smoke validate bench)
 for s in "${stages[@]}"; do
   case $s in
-    setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench) ;;
+    setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench|kbench|ptx|faults) ;;
     tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels|soak) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench kbench ptx faults tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
        exit 2 ;;
   esac
 done
