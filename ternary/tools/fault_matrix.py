@@ -27,6 +27,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -191,15 +192,29 @@ def wrong(results: list[Result], ref: dict[str, str]) -> list[Result]:
 
 # -- the server's tree ------------------------------------------------------------------
 
+# vLLM's log prefix for each process it starts, "(EngineCore pid=N)": where setproctitle is
+# missing (it is optional to vLLM) the processes keep python's name and only the log says
+# which is which
+LOG_TAGS = {"VLLM::EngineCor": "EngineCore", "VLLM::Worker": "Worker"}
+
+
 def find(server: Server, token: str) -> int | None:
     """The PID of the vLLM process named `token` (VLLM::EngineCore's comm is cut to 15
-    characters), not a fork that inherited the name."""
+    characters), not a fork that inherited the name; else the one the server's log tags
+    with LOG_TAGS[token], if it is in the server's tree."""
     tree = descendants(server.proc.pid)
     names = {p: supervise.proc_name(p) for p in tree}
     for p in sorted(tree):
         ppid = supervise._ppid(p)
         if names[p].startswith(token) and names.get(ppid) != names[p]:
             return p
+    tag = LOG_TAGS.get(token)
+    if tag is None:
+        return None
+    log = server.log_path.read_text(errors="replace")
+    for m in re.finditer(rf"\({re.escape(tag)}[\w]* pid=(\d+)\)", log):
+        if int(m.group(1)) in tree:
+            return int(m.group(1))
     return None
 
 

@@ -55,3 +55,37 @@ def test_an_unknown_load_model_is_refused_before_anything_starts(tmp_path, capsy
     err = capsys.readouterr().err
     assert "--formats: unknown ['llama']" in err and "bitnet-arch" in err, err
     assert not work.exists()
+
+
+def test_without_setproctitle_the_victims_are_found_by_vllms_log_tags(tmp_path):
+    """vLLM names its processes only when setproctitle is installed (the H200's vLLM had
+    none): the engine core and the worker are then the PIDs its log prefixes name, and only
+    if they are in the server's tree."""
+    import subprocess
+    import sys
+    import time
+
+    from ternary.tools import engine
+
+    script = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+              "'import time; time.sleep(60)']); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not engine.descendants(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = engine.descendants(proc.pid)
+        log = tmp_path / "server.log"
+        log.write_text(f"(APIServer pid={proc.pid}) INFO started\n"
+                       f"(EngineCore pid=1) INFO not in the tree\n"
+                       f"(EngineCore pid={child}) INFO Initializing a V1 LLM engine\n")
+        server = argparse.Namespace(proc=proc, log_path=log)
+        assert fault_matrix.find(server, "VLLM::EngineCor") == child
+        assert fault_matrix.find(server, "VLLM::Worker") is None  # no tag, no guess
+        log.write_text(f"(Worker_TP0 pid={child}) INFO loading\n")
+        assert fault_matrix.find(server, "VLLM::Worker") == child
+        assert fault_matrix.find(server, "VLLM::EngineCor") is None
+    finally:
+        for p in engine.descendants(proc.pid) | {proc.pid}:
+            subprocess.run(["kill", "-9", str(p)], check=False)
+        proc.wait()

@@ -229,7 +229,7 @@ stage_doctor() {
 stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite)
   need ternary || { record gpu-tests 1 0 "prerequisite missing (see above)"; return 1; }
   run_step gpu-tests 180 30 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
-    "$REPO/tests/test_kernels.py" "$REPO/tests/test_tp_kernels.py" "$REPO/tests/test_gemm_a8.py" \
+    "$REPO/tests/test_kernels.py" "$REPO/tests/tools/test_tp_kernels.py" "$REPO/tests/test_gemm_a8.py" \
     -q -p no:cacheprovider
 }
 
@@ -470,9 +470,10 @@ stage_kbench() {
 PTX_ARCH=${PTX_ARCH:-8.0}
 PTX_STEPS=${PTX_STEPS:-test doctor sanitize bench smoke}
 PTX_SMOKE_FORMATS=${PTX_SMOKE_FORMATS:-ternary,bitnet-arch}
-_ptx_build() {
-  cd "$REPO" && python3 -m ternary._build.pipeline "$@" h200 --host-torch --toolchain system \
-    --ptx-arch "$PTX_ARCH"
+_ptx_build() {  # build|test [-- pytest args]
+  local what=$1; shift
+  cd "$REPO" && python3 -m ternary._build.pipeline "$what" h200 --host-torch --toolchain system \
+    --ptx-arch "$PTX_ARCH" "$@"
 }
 stage_ptx() {
   local tag=ptx${PTX_ARCH/./} step rc=0 tool
@@ -483,7 +484,7 @@ stage_ptx() {
         TERNARY_VENVS=$venvs run_step "$tag-test" 300 120 bash -c "$(fn _ptx_build test) \
           -- -q -m gpu -p no:cacheprovider" || rc=1 ;;
       doctor|sanitize|bench|smoke)
-        if [ ! -x "$py" ] || ! (cd "$W" && "$py" -P -c "import ternary._C") 2>/dev/null; then
+        if [ ! -x "$py" ] || ! (cd "$W" && "$py" -P -c "import torch, ternary._C") 2>/dev/null; then
           TERNARY_VENVS=$venvs run_step "$tag-wheel" 240 100 bash -c \
             "$(fn _ptx_build build) && '$py' -m pip install -q --no-deps --force-reinstall \
             --no-index \"$REPO/\$(python3 -c \"import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])\")\"" \
