@@ -51,6 +51,10 @@ def add_arguments(p) -> None:
                    help=f"MLP width instead of {tiny.SHAPE['intermediate_size']} (a multiple "
                         f"of 4; e.g. 260 gives a down_proj K that tensor parallel 2 cannot "
                         f"split into whole bytes)")
+    p.add_argument("--no-outliers", dest="outliers", action="store_false",
+                   help="norm weights without their few outlier channels (20-40x the rest): "
+                        "int8 activations then stay near their float32 values at bf16; with "
+                        "them, serving float activations instead of int8 changes tokens")
 
 
 def run(args) -> int:
@@ -64,7 +68,8 @@ def run(args) -> int:
     try:
         with console.status(f"writing {args.out}"):
             tiny.make(args.out, args.format, args.scale, args.group_size, args.seed,
-                      args.intermediate_size, arch=args.arch, online=args.online)
+                      args.intermediate_size, arch=args.arch, online=args.online,
+                      outliers=args.outliers)
     except ValueError as e:
         print(f"ternary make-tiny: {e}", file=sys.stderr)
         return 2

@@ -178,3 +178,13 @@ def test_smoke_refuses_more_ranks_than_gpus(monkeypatch, capsys):
     monkeypatch.setattr(engine, "gpus_available", lambda: 1)
     assert cli.main(["smoke", "--tp", "2"]) == 2
     assert "--tp 2: tensor parallel 2 needs 2 GPUs and torch sees 1 here" in capsys.readouterr().err
+
+
+def test_below_float32_the_tiny_models_have_no_outlier_channels():
+    """int8 rounding of outlier-dominated activations makes bf16 tokens chaotic (see
+    smoke.tiny_model), so only the float32 smoke serves make-tiny's outliers."""
+    for fmt in smoke.TINY_MODELS:
+        assert smoke.tiny_model(fmt, "float32")["outliers"] is True
+        assert smoke.tiny_model(fmt, "bfloat16")["outliers"] is False
+        assert smoke.tiny_model(fmt, "float16")["outliers"] is False
+    assert smoke.tiny_model("bitnet-arch", "bfloat16")["arch"] == "bitnet"

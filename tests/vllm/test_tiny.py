@@ -363,3 +363,24 @@ def test_tp_compare_reports_an_engine_that_fails_or_runs_out_of_time(tmp_path, m
             tp_compare.run_engine(tmp_path, "float32", 2, [[1, 2]], 4, 384, 256, tmp_path, 7)
         msg = str(e.value)
         assert want in msg and str(tmp_path / "tp2.log") in msg and tail in msg
+
+
+@pytest.mark.parametrize("arch", tiny.ARCHS)
+def test_no_outliers_changes_the_norm_weights_only(tmp_path, arch):
+    """--no-outliers (smoke below float32) draws the same model but for the norms' few
+    outlier channels: every other tensor is byte for byte the default model's."""
+    from safetensors.torch import load_file
+
+    assert cli(["make-tiny", str(tmp_path / "a"), "--arch", arch, "--format", "bitnet"]) == 0
+    assert cli(["make-tiny", str(tmp_path / "b"), "--arch", arch, "--format", "bitnet",
+                "--no-outliers"]) == 0
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in "ab")
+    assert a.keys() == b.keys()
+    norms = [n for n in a if n.endswith("norm.weight") and n != "model.norm.weight"]
+    assert norms
+    for name in a:
+        if name in norms:
+            assert int((a[name] >= tiny.OUTLIER_RANGE[0]).sum()) == tiny.OUTLIERS, name
+            assert float(b[name].abs().max()) < 2, name
+        else:
+            assert torch.equal(a[name], b[name]), name

@@ -126,14 +126,16 @@ def _with_outliers(w: torch.Tensor, g: torch.Generator) -> torch.Tensor:
 
 def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: int = 32,
          seed: int = 0, intermediate_size: int | None = None, *, arch: str = "llama",
-         online: bool = False) -> Path:
+         online: bool = False, outliers: bool = True) -> Path:
     """Writes the tiny model to `out` and returns it. `intermediate_size` replaces the MLP
     width (a multiple of 4), e.g. to write a model whose down_proj K does not split into
     packed bytes across tensor-parallel ranks. `arch` "bitnet" writes BitNetForCausalLM as
     2B-4T stores it (format bitnet, linear_class autobitlinear); `online` stores the dense
     float master weights instead of packed ones (quantization_mode "online", as 2B-4T's
     -bf16 variant), which the bitnet format's autobitlinear quantizes when loading. `fmt`
-    defaults to "ternary" for Llama, "bitnet" for BitNet."""
+    defaults to "ternary" for Llama, "bitnet" for BitNet. `outliers` False: norm weights
+    without outlier channels (a model whose int8 activations are not dominated by a few
+    channels: its bf16 tokens stay near its float32 ones, see ternary.tools.smoke)."""
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {list(ARCHS)}")
     fmt = fmt or ("bitnet" if arch == "bitnet" or online else "ternary")
@@ -175,7 +177,7 @@ def make(out: Path, fmt: str | None = None, scale: str = "channel", group_size: 
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _write(out, fmt, scale, group_size, seed, shape, arch, online)
+        _write(out, fmt, scale, group_size, seed, shape, arch, online, outliers)
         _install(out, final)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
@@ -200,7 +202,7 @@ def _install(tmp: Path, final: Path) -> None:
 
 
 def _write(out: Path, fmt: str, scale: str, group_size: int, seed: int, shape: dict,
-           arch: str, online: bool) -> None:
+           arch: str, online: bool, outliers: bool = True) -> None:
     from safetensors.torch import save_file
 
     from ternary.formats.files import test_pause
@@ -218,7 +220,8 @@ def _write(out: Path, fmt: str, scale: str, group_size: int, seed: int, shape: d
         return torch.randn(*shape, generator=g, dtype=torch.float32) * std
 
     def norm(n):
-        return _with_outliers(1.0 + randn(n, std=0.1), g_out)
+        w = 1.0 + randn(n, std=0.1)
+        return _with_outliers(w, g_out) if outliers else w
 
     tensors: dict[str, torch.Tensor] = {
         "model.embed_tokens.weight": randn(vocab, d["hidden"], std=1.0),
