@@ -464,7 +464,7 @@ at::Tensor gemm_a8_cuda(const at::Tensor& xq, const at::Tensor& s, const at::Ten
   const c10::cuda::CUDAGuard guard(xq.device());
   at::Tensor y = at::empty({m, n}, xq.options().dtype(out_dtype));
   if (m == 0 || n == 0) return y;
-  if (k == 0) return y.zero_();
+  if (k == 0) return bias ? y.copy_(bias->expand({m, n})) : y.zero_();  // empty sums: 0 + bias
   // the kernel reads x rows as 4-byte words: contiguous rows from an aligned start
   at::Tensor xc = xq.contiguous();
   if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16) xc = xc.clone();

@@ -230,3 +230,16 @@ def test_cuda_op_checks_its_arguments_without_the_python_wrapper():
     ]:
         with pytest.raises((ValueError, RuntimeError), match=pattern):
             op(*args)
+
+
+@pytest.mark.gpu
+def test_cuda_empty_k_gives_the_bias():
+    """K = 0: every sum is empty, so y is the bias (zero without one), as in the reference."""
+    xq = torch.zeros(3, 0, dtype=torch.int8, device="cuda")
+    s = torch.ones(3, 1, device="cuda")
+    packed = torch.zeros(5, 0, dtype=torch.uint8, device="cuda")
+    scale = torch.ones(5, device="cuda")
+    bias = torch.randn(5, device="cuda").to(torch.bfloat16)
+    assert torch.equal(ops.gemm_a8(xq, s, packed, scale, bias, torch.bfloat16),
+                       bias.expand(3, 5))
+    assert not ops.gemm_a8(xq, s, packed, scale, None, torch.float32).any()

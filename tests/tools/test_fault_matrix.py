@@ -89,3 +89,22 @@ def test_without_setproctitle_the_victims_are_found_by_vllms_log_tags(tmp_path):
         for p in engine.descendants(proc.pid) | {proc.pid}:
             subprocess.run(["kill", "-9", str(p)], check=False)
         proc.wait()
+
+
+def test_each_row_is_said_when_it_finishes():
+    said = []
+    rows = fault_matrix._Rows(said.append)
+    rows.append(Row("SIGKILL engine", 137, 1.2, 0, 0, 40, "non-zero", "x"))
+    assert said == ["row: | SIGKILL engine | 137 | 1.20 | 0 | 0 | 40 | ok | x |"]
+    assert len(rows) == 1
+
+
+def test_below_float32_the_servers_models_have_no_outlier_channels(tmp_path):
+    from safetensors.torch import load_file
+
+    for dtype, outliers in (("float32", True), ("bfloat16", False)):
+        b = fault_matrix.Bench(tmp_path / dtype, lambda _msg: None, health_timeout=1,
+                               dtype=dtype)
+        w = load_file(str(b.model("bitnet-arch") / "model.safetensors"))
+        big = max(float(t.max()) for n, t in w.items() if n.endswith("layernorm.weight"))
+        assert (big >= 20) is outliers, (dtype, big)

@@ -476,7 +476,7 @@ _ptx_build() {  # build|test [-- pytest args]
     --ptx-arch "$PTX_ARCH" "$@"
 }
 stage_ptx() {
-  local tag=ptx${PTX_ARCH/./} step rc=0 tool
+  local tag=ptx${PTX_ARCH/./} step rc=0 tool wheel_failed=0
   local venvs=$W/venvs-$tag py=$W/venvs-$tag/h200-host/bin/python
   for step in $PTX_STEPS; do
     case $step in
@@ -484,11 +484,12 @@ stage_ptx() {
         TERNARY_VENVS=$venvs run_step "$tag-test" 300 120 bash -c "$(fn _ptx_build test) \
           -- -q -m gpu -p no:cacheprovider" || rc=1 ;;
       doctor|sanitize|bench|smoke)
+        [ "$wheel_failed" = 1 ] && { record "$tag-$step" 1 0 "no wheel (its build failed)"; rc=1; continue; }
         if [ ! -x "$py" ] || ! (cd "$W" && "$py" -P -c "import torch, ternary._C") 2>/dev/null; then
           TERNARY_VENVS=$venvs run_step "$tag-wheel" 240 100 bash -c \
             "$(fn _ptx_build build) && '$py' -m pip install -q --no-deps --force-reinstall \
             --no-index \"$REPO/\$(python3 -c \"import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])\")\"" \
-            || { rc=1; continue; }
+            || { rc=1; wheel_failed=1; continue; }
         fi ;;&
       doctor)
         run_step "$tag-doctor" 90 20 "$py" -P -m ternary doctor || rc=1
@@ -521,7 +522,7 @@ stage_ptx() {
 stage_faults() {
   need vllm ternary || { record faults 1 0 "prerequisite missing (see above)"; return 1; }
   run_step faults 420 120 bash -c "'$VPY' -P -m ternary fault-matrix --dtype bfloat16 \
-    --only '${FAULTS_ONLY:-sigterm,engine,worker,server}' --work '$W/faults' \
+    --only '${FAULTS_ONLY:-engine,worker}' --work '$W/faults' \
     --server-args='${FAULTS_SERVER_ARGS:---distributed-executor-backend mp}' --health-timeout 240"
   local rc=$?
   grep -E "^\||fault-matrix: (PASSED|FAILED)" "$W/logs/faults.log"

@@ -11,7 +11,7 @@
 #               a venv over the host's packages, then pytest (vLLM tests run if setup ran)
 #   wheel       the same without pytest (build only, then install)
 #   doctor      ternary doctor --json (driver, torch, nvcc, GPU arch against ternary._C, kernel path)
-#   gpu-tests   pytest tests/test_ops_gpu.py tests/test_kernels.py alone (quicker than build)
+#   gpu-tests   the op, kernel, int8 tensor-core and TP-kernel tests alone (quicker than build)
 #   vllm-tests  pytest tests/vllm against the installed wheel and the packed vLLM
 #   smoke       ternary.tools.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
