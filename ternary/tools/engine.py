@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from pathlib import Path
 
 
+_PORTS_LOCK = threading.Lock()
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port on 127.0.0.1, never one this process handed out before (servers
+    started side by side from threads each get their own before any of them binds it)."""
+    with _PORTS_LOCK:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add(port)
+                return port
 
 
 def descendants(pid: int) -> set[int]:

@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -362,6 +363,9 @@ TINY_MODELS = {"ternary": {"fmt": "ternary"}, "bitnet": {"fmt": "bitnet"},
 LAUNCHERS = {"ternary": "ternary", "bitnet": "vllm", "bitnet-arch": "vllm"}
 
 
+_PREPARE_LOCK = threading.Lock()
+
+
 def tiny_model(fmt: str, dtype: str) -> dict:
     """make-tiny's arguments for smoke's model `fmt` served at `dtype`. make-tiny's outlier
     channels (a few norm channels 20-40x the rest) make serving with float activations change
@@ -376,23 +380,28 @@ def tiny_model(fmt: str, dtype: str) -> dict:
 def smoke_one(fmt: str, launcher: str, work: Path, health_timeout: float, say,
               status=None, dtype: str = "float32", tol: float = 0.0,
               expect_kernel: str | None = None, tp: int = 1,
-              model_dir: Path | None = None) -> ServerRun:
+              model_dir: Path | None = None, server_args: tuple[str, ...] = ()) -> ServerRun:
     """One server on make-tiny's `fmt` model, compared with its reference; or on
     `model_dir` (a model with no reference: AnswersOnly)."""
     from ternary.tools.synthetic import tiny
 
-    if model_dir is None:
-        model_dir = work / f"tiny-{fmt}"
-        say(f"[{fmt}] writing the tiny model to {model_dir}")
-        tiny.make(model_dir, **tiny_model(fmt, dtype))
-        say(f"[{fmt}] building the transformers reference")
-        ref = Reference(model_dir, tol)
-    else:
-        ref = AnswersOnly(model_dir)
+    # one model and reference at a time (--parallel starts servers from threads):
+    # transformers' lazy imports fail when two threads take them at once ("cannot import
+    # name 'AutoTokenizer' from 'transformers'", seen here)
+    with _PREPARE_LOCK:
+        if model_dir is None:
+            model_dir = work / f"tiny-{fmt}"
+            say(f"[{fmt}] writing the tiny model to {model_dir}")
+            tiny.make(model_dir, **tiny_model(fmt, dtype))
+            say(f"[{fmt}] building the transformers reference")
+            ref = Reference(model_dir, tol)
+        else:
+            ref = AnswersOnly(model_dir)
     tag = fmt if tp == 1 else f"{fmt}-tp{tp}"
     log = work / f"server-{tag}.log"
     port = free_port()
-    server = Server(server_command(model_dir, launcher, port, dtype, tp), port, log)
+    server = Server(server_command(model_dir, launcher, port, dtype, tp) + list(server_args),
+                    port, log)
     from ternary.tools.validate import reference_kind
 
     run = ServerRun(fmt, launcher, server.port, log=str(log), tp=tp, model=str(model_dir),
@@ -442,6 +451,10 @@ def add_arguments(p) -> None:
                    help="fail unless the plugin's log says every ternary layer runs this kernel")
     p.add_argument("--tp", type=int, default=1, metavar="N",
                    help="the server's --tensor-parallel-size")
+    p.add_argument("--parallel", action="store_true",
+                   help="start every format's server at once, each with 0.9 / N of the GPU's "
+                        "memory (on the H200 a server takes 90-130 s to start: compile and "
+                        "CUDA graphs)")
     p.add_argument("--model", type=Path, metavar="DIR",
                    help="serve this canonical ternary model instead of make-tiny's (e.g. a "
                         "bench-serve model); with no reference, a request passes when it is "
@@ -481,10 +494,21 @@ def run_cli(args) -> int:
     t0 = time.monotonic()
     if args.model is not None:  # canonical format, through `ternary serve`
         formats = ["ternary"]
-    with console.status("starting") as status:
-        runs = [smoke_one(f, launchers[f], work, args.health_timeout, console.log, status,
-                          args.dtype, tol, args.expect_kernel, args.tp, args.model)
-                for f in formats]
+    def one(fmt, status=None, server_args=()):
+        return smoke_one(fmt, launchers[fmt], work, args.health_timeout, console.log, status,
+                         args.dtype, tol, args.expect_kernel, args.tp, args.model, server_args)
+
+    if args.parallel and len(formats) > 1:
+        import torch
+
+        share = (("--gpu-memory-utilization", f"{0.9 / len(formats):.2f}")
+                 if torch.cuda.is_available() else ())
+        console.log(f"starting {len(formats)} servers at once{' ' + ' '.join(share) if share else ''}")
+        with concurrent.futures.ThreadPoolExecutor(len(formats)) as pool:
+            runs = list(pool.map(lambda f: one(f, None, share), formats))
+    else:
+        with console.status("starting") as status:
+            runs = [one(f, status) for f in formats]
     ok = all(r.ok for r in runs)
     if args.json:
         print(json.dumps({"target": args.target, "ok": ok, "dtype": args.dtype, "logit_tol": tol,

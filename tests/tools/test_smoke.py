@@ -188,3 +188,29 @@ def test_below_float32_the_tiny_models_have_no_outlier_channels():
         assert smoke.tiny_model(fmt, "bfloat16")["outliers"] is False
         assert smoke.tiny_model(fmt, "float16")["outliers"] is False
     assert smoke.tiny_model("bitnet-arch", "bfloat16")["arch"] == "bitnet"
+
+
+def test_parallel_runs_every_format_at_once_in_order(monkeypatch, capsys):
+    """--parallel: each format's smoke_one runs in its own thread at the same time (a barrier
+    both must reach), and the report keeps the formats' order."""
+    import threading
+
+    barrier = threading.Barrier(3, timeout=20)
+    calls = []
+
+    def fake(fmt, launcher, work, health_timeout, say, status, dtype, tol, expect_kernel, tp,
+             model_dir, server_args=()):
+        calls.append((fmt, tuple(server_args)))
+        barrier.wait()
+        return smoke.ServerRun(fmt, launcher, 0, [smoke.Check("healthy", True, 0.0)])
+
+    monkeypatch.setattr(smoke, "smoke_one", fake)
+    rc = cli.main(["smoke", "--formats", "ternary,bitnet,bitnet-arch", "--parallel", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and [r["format"] for r in report["runs"]] == ["ternary", "bitnet", "bitnet-arch"]
+    assert sorted(f for f, _ in calls) == ["bitnet", "bitnet-arch", "ternary"]
+
+
+def test_ports_handed_out_are_never_repeated():
+    ports = {engine.free_port() for _ in range(200)}
+    assert len(ports) == 200

@@ -8,6 +8,9 @@ BUDGET=${BUDGET:-540}
 T0=$(date +%s)
 STEPS=$W/steps.tsv  # one line per stage run on this machine (kept across warm calls)
 SMOKE_FORMATS=${SMOKE_FORMATS:-ternary,bitnet,bitnet-arch}
+# smoke's servers start side by side (each 0.9 / N of the GPU; one takes 90-130 s to start
+# here); SMOKE_PARALLEL=0 starts them one after the other
+SMOKE_PARALLEL_ARG=$([ "${SMOKE_PARALLEL:-1}" = 1 ] && echo --parallel)
 BENCH_MODELS=${BENCH_MODELS:-ternary,bf16,ternary-1layer,bf16-1layer}
 BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
 BENCH_REPEATS=${BENCH_REPEATS:-3}
@@ -243,7 +246,7 @@ stage_smoke() {
   # smoke-h200 itself: the pipeline rebuilds the wheel (ninja finds the build stage's objects
   # up to date), then ternary.tools.smoke in bf16, failing unless every layer runs the fused kernel
   run_step smoke 420 150 bash -c "cd '$REPO' && python3 -m ternary._build.pipeline smoke h200 \
-    --host-torch --toolchain system -- --formats '$SMOKE_FORMATS' --keep '$W/smoke' \
+    --host-torch --toolchain system -- --formats '$SMOKE_FORMATS' --keep '$W/smoke' $SMOKE_PARALLEL_ARG \
     --health-timeout 240 --json > '$W/logs/smoke.stdout'"
   local rc=$?
   json_tail "$W/logs/smoke.stdout" "$W/results/smoke.json"
@@ -507,7 +510,7 @@ stage_ptx() {
       smoke)
         need vllm || { record "$tag-smoke" 1 0 "vLLM not set up"; rc=1; continue; }
         run_step "$tag-smoke" 360 150 bash -c "cd '$REPO' && '$py' -P -m ternary smoke \
-          --target h200 --dtype bfloat16 --expect-kernel fused --formats '$PTX_SMOKE_FORMATS' \
+          --target h200 --dtype bfloat16 --expect-kernel fused --formats '$PTX_SMOKE_FORMATS' $SMOKE_PARALLEL_ARG \
           --keep '$W/smoke-$tag' --health-timeout 240 --json > '$W/logs/$tag-smoke.stdout'" || rc=1
         json_tail "$W/logs/$tag-smoke.stdout" "$W/results/$tag-smoke.json" ;;
       *) echo "== ptx: unknown step '$step' (test doctor sanitize bench smoke)"; rc=1 ;;
