@@ -189,9 +189,12 @@ _extra_deps() {
 # `timeout` runs programs, not shell functions: a function step runs in a bash that sources this
 fn() { echo "source '$REPO/tools/h200/lib.sh'; $*"; }
 
-_pipeline() {  # build|test
-  ensure_venv || { record "$1" 1 0 "could not create the venv over the host python"; return 1; }
-  (cd "$REPO" && python3 -m ternary._build.pipeline "$1" h200 --host-torch --toolchain system)
+# build|test [OPTION ... [-- PYTEST ARGS]] of target h200 on the host torch, into
+# $TERNARY_VENVS (the ptx stage points it and VPY at a venv of its own)
+_pipeline() {
+  local what=$1; shift
+  ensure_venv || { record "$what" 1 0 "could not create the venv over the host python"; return 1; }
+  (cd "$REPO" && python3 -m ternary._build.pipeline "$what" h200 --host-torch --toolchain system "$@")
 }
 
 stage_build() {
@@ -201,8 +204,8 @@ stage_build() {
   return $rc
 }
 
-_wheel() {
-  _pipeline build || return $?
+_wheel() {  # [pipeline OPTION ...]
+  _pipeline build "$@" || return $?
   local whl; whl=$(python3 -c "import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])")
   "$VPY" -m pip install --no-deps --force-reinstall --no-index "$REPO/$whl"
 }
@@ -473,26 +476,19 @@ stage_kbench() {
 PTX_ARCH=${PTX_ARCH:-8.0}
 PTX_STEPS=${PTX_STEPS:-test doctor sanitize bench smoke}
 PTX_SMOKE_FORMATS=${PTX_SMOKE_FORMATS:-ternary,bitnet-arch}
-_ptx_build() {  # build|test [-- pytest args]
-  local what=$1; shift
-  cd "$REPO" && python3 -m ternary._build.pipeline "$what" h200 --host-torch --toolchain system \
-    --ptx-arch "$PTX_ARCH" "$@"
-}
 stage_ptx() {
   local tag=ptx${PTX_ARCH/./} step rc=0 tool wheel_failed=0
   local venvs=$W/venvs-$tag py=$W/venvs-$tag/h200-host/bin/python
   for step in $PTX_STEPS; do
     case $step in
       test)
-        TERNARY_VENVS=$venvs run_step "$tag-test" 300 120 bash -c "$(fn _ptx_build test) \
-          -- -q -m gpu -p no:cacheprovider" || rc=1 ;;
+        TERNARY_VENVS=$venvs VPY=$py run_step "$tag-test" 300 120 bash -c "$(fn _pipeline test \
+          --ptx-arch "$PTX_ARCH" -- -q -m gpu -p no:cacheprovider)" || rc=1 ;;
       doctor|sanitize|bench|smoke)
         [ "$wheel_failed" = 1 ] && { record "$tag-$step" 1 0 "no wheel (its build failed)"; rc=1; continue; }
         if [ ! -x "$py" ] || ! (cd "$W" && "$py" -P -c "import torch, ternary._C") 2>/dev/null; then
-          TERNARY_VENVS=$venvs run_step "$tag-wheel" 240 100 bash -c \
-            "$(fn _ptx_build build) && '$py' -m pip install -q --no-deps --force-reinstall \
-            --no-index \"$REPO/\$(python3 -c \"import json; print(json.load(open('$REPO/dist/build-h200.json'))['wheel'])\")\"" \
-            || { rc=1; wheel_failed=1; continue; }
+          TERNARY_VENVS=$venvs VPY=$py run_step "$tag-wheel" 240 100 bash -c \
+            "$(fn _wheel --ptx-arch "$PTX_ARCH")" || { rc=1; wheel_failed=1; continue; }
         fi ;;&
       doctor)
         run_step "$tag-doctor" 90 20 "$py" -P -m ternary doctor || rc=1
