@@ -70,20 +70,27 @@ for dtype in (torch.bfloat16, torch.float16):
 # W1.58A8: per-token quantize, then int8 tensor cores (csrc/gemm_a8.cu): M, N and K off the
 # 64 x 64 x 64 tile (K a multiple of 4 only), channel and tensor scales, bias, int32 sums
 for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200, 1000),
-                (129, 63, 2052), (300, 300, 96)):
+                (129, 63, 2052), (300, 300, 96), (257, 260, 640)):
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     xq, sx = ops.quantize_act_int8(x, torch.int8)
     codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
     packed = ops.pack(codes)
-    acc = ops.gemm_a8(xq, sx, packed, torch.ones(n, device="cuda"), None, torch.int32)
     want = (xq.double() @ codes.double().T)
-    if not torch.equal(acc.double(), want):
-        sys.exit(f"gemm_a8 int32 sums wrong m={m} n={n} k={k}")
+    repacked = ops.repack(packed)
+    for name, acc in (
+            ("gemm_a8", ops.gemm_a8(xq, sx, packed, torch.ones(n, device="cuda"), None,
+                                    torch.int32)),
+            ("gemm_a8_repacked", ops.gemm_a8_repacked(xq, sx, repacked, n,
+                                                      torch.ones(n, device="cuda"), None,
+                                                      torch.int32))):
+        if not torch.equal(acc.double(), want):
+            sys.exit(f"{name} int32 sums wrong m={m} n={n} k={k}")
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         scale = torch.rand(1 if m % 2 else n, device="cuda") + 0.5
         bias = torch.randn(n, dtype=dtype, device="cuda")
         y = ops.gemm_a8(xq, sx, packed, scale, bias, dtype)
+        y2 = ops.gemm_a8_repacked(xq, sx, repacked, n, scale, bias, dtype)
         torch.cuda.synchronize()
-        if not torch.isfinite(y).all():
-            sys.exit(f"gemm_a8 non-finite output m={m} n={n} k={k} {dtype}")
+        if not torch.isfinite(y).all() or not torch.equal(y, y2):
+            sys.exit(f"gemm_a8 / gemm_a8_repacked output wrong m={m} n={n} k={k} {dtype}")
 print("sanitize workload done")

@@ -33,6 +33,12 @@ enum class A8Out : int { kHalf = 0, kBFloat16 = 1, kFloat = 2, kInt32 = 3 };
 cudaError_t launch_gemm_a8(const int8_t* xq, const float* s, const uint8_t* packed,
                            const float* scale, const void* bias, void* y, A8Out out, int64_t m,
                            int64_t n, int64_t k, bool per_tensor, cudaStream_t stream);
+// The same from the repacked tiles (gemm_a8_tc.cu): k a multiple of 16, xq and repacked
+// 16-byte aligned (cudaErrorInvalidValue otherwise; the op pads x to such a k).
+cudaError_t launch_gemm_a8_repacked(const int8_t* xq, const float* s, const uint8_t* repacked,
+                                    const float* scale, const void* bias, void* y, A8Out out,
+                                    int64_t m, int64_t n, int64_t k, bool per_tensor,
+                                    cudaStream_t stream);
 
 // Fused path (fused/). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout
 // common/layout.cuh describes; launch_repack writes it from the canonical packed [n, k/4].

@@ -418,6 +418,43 @@ std::tuple<at::Tensor, at::Tensor> quantize_act_int8_cuda(const at::Tensor& x,
   return {q, s};
 }
 
+// The checks gemm_a8 and gemm_a8_repacked share (besides the weight's own), and the output
+// dtype as the launchers take it. `op` names the caller in every message.
+A8Out check_a8_args(const char* op, const at::Tensor& xq, const at::Tensor& s, const at::Tensor& w,
+                    const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                    at::ScalarType out_dtype, int64_t n) {
+  const int64_t m = xq.size(0);
+  TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.numel() == m && (s.dim() == 1 || s.dim() == 2),
+      msg(op, " takes s float32 [M, 1] or [M] with M=", m, "; got ", s.scalar_type(), " ",
+          s.sizes()));
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat && scale.dim() == 1 &&
+                    (scale.size(0) == n || scale.size(0) == 1),
+      msg(op, " takes a channel scale float32 [", n, "] or a tensor scale [1]; got ",
+          scale.scalar_type(), " ", scale.sizes()));
+  A8Out out;
+  switch (out_dtype) {
+    case at::kHalf: out = A8Out::kHalf; break;
+    case at::kBFloat16: out = A8Out::kBFloat16; break;
+    case at::kFloat: out = A8Out::kFloat; break;
+    case at::kInt: out = A8Out::kInt32; break;
+    default:
+      TORCH_CHECK_VALUE(false, msg(op, " writes float16, bfloat16, float32 or int32; got "
+                                   "out_dtype=", out_dtype));
+  }
+  if (bias) {
+    TORCH_CHECK_VALUE(out_dtype != at::kInt && bias->scalar_type() == out_dtype &&
+                      bias->dim() == 1 && bias->size(0) == n,
+        msg(op, "'s bias must be [", n, "] of out_dtype ", out_dtype, " (none with int32 "
+            "sums); got ", bias->scalar_type(), " ", bias->sizes()));
+  }
+  for (const at::Tensor* t : {&xq, &s, &w, &scale})
+    TORCH_CHECK(t->device() == xq.device(),
+                msg(op, ": every tensor must be on xq's device ", xq.device(), "; got ",
+                    t->device()));
+  TORCH_CHECK(xq.is_cuda(), msg(op, ": xq must be a CUDA tensor; got ", xq.device()));
+  return out;
+}
+
 // ternary::gemm_a8 (gemm_a8.cu): xq int8 [M, K], s float32 [M, 1] or [M], the canonical packed
 // [N, K/4] weight, a channel [N] or tensor [1] float32 scale, bias [N] of out_dtype (none for
 // int32) -> [M, N] of out_dtype. ternary.ops.gemm_a8 checks the same in Python first
@@ -433,34 +470,7 @@ at::Tensor gemm_a8_cuda(const at::Tensor& xq, const at::Tensor& s, const at::Ten
       msg("gemm_a8 takes xq int8 [M, K] with K=", k, "; got ", xq.scalar_type(), " ",
           xq.sizes()));
   const int64_t m = xq.size(0);
-  TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.numel() == m && (s.dim() == 1 || s.dim() == 2),
-      msg("gemm_a8 takes s float32 [M, 1] or [M] with M=", m, "; got ", s.scalar_type(), " ",
-          s.sizes()));
-  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat && scale.dim() == 1 &&
-                    (scale.size(0) == n || scale.size(0) == 1),
-      msg("gemm_a8 takes a channel scale float32 [", n, "] or a tensor scale [1]; got ",
-          scale.scalar_type(), " ", scale.sizes()));
-  A8Out out;
-  switch (out_dtype) {
-    case at::kHalf: out = A8Out::kHalf; break;
-    case at::kBFloat16: out = A8Out::kBFloat16; break;
-    case at::kFloat: out = A8Out::kFloat; break;
-    case at::kInt: out = A8Out::kInt32; break;
-    default:
-      TORCH_CHECK_VALUE(false, msg("gemm_a8 writes float16, bfloat16, float32 or int32; got "
-                                   "out_dtype=", out_dtype));
-  }
-  if (bias) {
-    TORCH_CHECK_VALUE(out_dtype != at::kInt && bias->scalar_type() == out_dtype &&
-                      bias->dim() == 1 && bias->size(0) == n,
-        msg("gemm_a8's bias must be [", n, "] of out_dtype ", out_dtype, " (none with int32 "
-            "sums); got ", bias->scalar_type(), " ", bias->sizes()));
-  }
-  for (const at::Tensor* t : {&xq, &s, &packed, &scale})
-    TORCH_CHECK(t->device() == xq.device(),
-                msg("gemm_a8: every tensor must be on xq's device ", xq.device(), "; got ",
-                    t->device()));
-  TORCH_CHECK(xq.is_cuda(), msg("gemm_a8: xq must be a CUDA tensor; got ", xq.device()));
+  const A8Out out = check_a8_args("gemm_a8", xq, s, packed, scale, bias, out_dtype, n);
   const c10::cuda::CUDAGuard guard(xq.device());
   at::Tensor y = at::empty({m, n}, xq.options().dtype(out_dtype));
   if (m == 0 || n == 0) return y;
@@ -479,6 +489,49 @@ at::Tensor gemm_a8_cuda(const at::Tensor& xq, const at::Tensor& s, const at::Ten
   return y;
 }
 
+// ternary::gemm_a8_repacked (gemm_a8_tc.cu): gemm_a8 from the repacked tiles
+// [ceil(N/32), ceil(K/64), 512] of an N x K weight, K from xq.
+at::Tensor gemm_a8_repacked_cuda(const at::Tensor& xq, const at::Tensor& s,
+                                 const at::Tensor& repacked, int64_t n, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+  TORCH_CHECK_VALUE(xq.scalar_type() == at::kChar && xq.dim() == 2,
+      msg("gemm_a8_repacked takes xq int8 [M, K]; got ", xq.scalar_type(), " ", xq.sizes()));
+  const int64_t m = xq.size(0), k = xq.size(1);
+  TORCH_CHECK_VALUE(n >= 0 && k % 4 == 0 && repacked.scalar_type() == at::kByte &&
+                    repacked.dim() == 3 && repacked.size(0) == (n + 31) / 32 &&
+                    repacked.size(1) == (k + 63) / 64 && repacked.size(2) == 512,
+      msg("gemm_a8_repacked: repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64,
+          ", 512] for n=", n, " and xq's k=", k, " (a multiple of 4); got ",
+          repacked.scalar_type(), " ", repacked.sizes()));
+  const A8Out out = check_a8_args("gemm_a8_repacked", xq, s, repacked, scale, bias, out_dtype, n);
+  const c10::cuda::CUDAGuard guard(xq.device());
+  at::Tensor y = at::empty({m, n}, xq.options().dtype(out_dtype));
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return bias ? y.copy_(bias->expand({m, n})) : y.zero_();  // empty sums: 0 + bias
+  // x rows travel in 16-byte pieces: k padded with zeros to a multiple of 16 (the tiles hold
+  // w = 0 there), rows from a 16-byte aligned start
+  const int64_t kp = (k + 15) / 16 * 16;
+  at::Tensor xc = xq.contiguous();
+  if (kp != k) {
+    xc = at::zeros({m, kp}, xq.options());
+    xc.narrow(1, 0, k).copy_(xq);
+  } else if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16) {
+    xc = xc.clone();
+  }
+  at::Tensor rc = repacked.contiguous();
+  if (reinterpret_cast<uintptr_t>(rc.data_ptr()) % 16) rc = rc.clone();
+  const at::Tensor sc = s.contiguous(), wc = scale.contiguous();
+  at::Tensor bc;
+  if (bias) bc = bias->contiguous();
+  check_cuda(launch_gemm_a8_repacked(xc.data_ptr<int8_t>(), sc.data_ptr<float>(),
+                                     rc.data_ptr<uint8_t>(), wc.data_ptr<float>(),
+                                     bias ? bc.data_ptr() : nullptr, y.data_ptr(), out, m, n, kp,
+                                     scale.size(0) == 1 && n != 1,
+                                     at::cuda::getCurrentCUDAStream()),
+             msg("gemm_a8_repacked (m=", m, ", n=", n, ", k=", k, ", out ", out_dtype, ")"));
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -493,6 +546,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("linear_fused", &linear_fused_cuda);
   m.impl("quantize_act_int8", &quantize_act_int8_cuda);
   m.impl("gemm_a8", &gemm_a8_cuda);
+  m.impl("gemm_a8_repacked", &gemm_a8_repacked_cuda);
 }
 
 }  // namespace ternary

@@ -45,6 +45,9 @@ LIB.define("quantize_act_int8(Tensor x, ScalarType out_dtype) -> (Tensor, Tensor
 # bias, one float32 epilogue into out_dtype; int32 out_dtype returns the raw sums.
 LIB.define("gemm_a8(Tensor xq, Tensor s, Tensor packed, Tensor scale, Tensor? bias, "
            "ScalarType out_dtype) -> Tensor")
+# The same from the fused kernels' repacked weight (the copy linear_fused reads), n channels.
+LIB.define("gemm_a8_repacked(Tensor xq, Tensor s, Tensor repacked, int n, Tensor scale, "
+           "Tensor? bias, ScalarType out_dtype) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -212,6 +215,26 @@ def check_gemm_a8(xq: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, scale
         raise ValueError(f"gemm_a8 takes xq int8 [M, K] with K={k} (the packed weight "
                          f"{list(packed.shape)}); got {xq.dtype} {list(xq.shape)}: quantize x "
                          "with quantize_act_int8(x, torch.int8) first")
+    _check_a8_rest(xq, s, scale, bias, out_dtype, n)
+    check_same_device(xq=xq, s=s, packed=packed, scale=scale, bias=bias)
+    return xq.shape[0], n, k
+
+
+def check_gemm_a8_repacked(xq: torch.Tensor, s: torch.Tensor, repacked: torch.Tensor, n: int,
+                           scale: torch.Tensor, bias: torch.Tensor | None,
+                           out_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(M, N, K) of a gemm_a8_repacked call (K from xq), or a ValueError naming the argument."""
+    if xq.dtype != torch.int8 or xq.dim() != 2:
+        raise ValueError(f"gemm_a8_repacked takes xq int8 [M, K]; got {xq.dtype} "
+                         f"{list(xq.shape)}: quantize x with quantize_act_int8(x, torch.int8) first")
+    k = xq.shape[1]
+    check_repacked(repacked, n, k)
+    _check_a8_rest(xq, s, scale, bias, out_dtype, n)
+    check_same_device(xq=xq, s=s, repacked=repacked, scale=scale, bias=bias)
+    return xq.shape[0], n, k
+
+
+def _check_a8_rest(xq, s, scale, bias, out_dtype, n: int) -> None:
     m = xq.shape[0]
     if s.dtype != torch.float32 or s.numel() != m or s.dim() not in (1, 2):
         raise ValueError(f"gemm_a8 takes s float32 [M, 1] or [M] with M={m} (quantize_act_int8's "
@@ -226,8 +249,6 @@ def check_gemm_a8(xq: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, scale
                              or list(bias.shape) != [n]):
         raise ValueError(f"gemm_a8's bias must be [N]={[n]} of out_dtype {out_dtype} (none with "
                          f"int32 sums); got {bias.dtype} {list(bias.shape)}")
-    check_same_device(xq=xq, s=s, packed=packed, scale=scale, bias=bias)
-    return m, n, k
 
 
 def bad_scale_values(scale: torch.Tensor) -> str | None:
@@ -263,6 +284,11 @@ def _quantize_rows(xf: torch.Tensor, amax: torch.Tensor, out_dtype: torch.dtype
     s = amax.clamp(min=ACT_EPS).reciprocal() * ACT_QMAX
     q = (xf * s).round().clamp(ACT_QMIN, ACT_QMAX)
     return q.to(out_dtype), s
+
+
+def _gemm_a8_repacked_ref(xq, s, repacked, n, scale, bias, out_dtype):
+    _, _, k = check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+    return _gemm_a8_ref(xq, s, _unrepack_ref(repacked, n, k), scale, bias, out_dtype)
 
 
 def _gemm_a8_ref(xq, s, packed, scale, bias, out_dtype):
@@ -407,6 +433,7 @@ LIB.impl("gemm_fused", _gemm_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("quantize_act_int8", _quantize_act_int8_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_a8", _gemm_a8_ref, "CompositeExplicitAutograd")
+LIB.impl("gemm_a8_repacked", _gemm_a8_repacked_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -480,6 +507,12 @@ def _gemm_a8_fake(xq, s, packed, scale, bias, out_dtype):
     return xq.new_empty((m, n), dtype=out_dtype)
 
 
+@_register_fake("ternary::gemm_a8_repacked")
+def _gemm_a8_repacked_fake(xq, s, repacked, n, scale, bias, out_dtype):
+    m, n, _ = check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+    return xq.new_empty((m, n), dtype=out_dtype)
+
+
 @_register_fake("ternary::quantize_act_int8")
 def _quantize_act_int8_fake(x, out_dtype):
     check_quantize_act(x, out_dtype)
@@ -526,6 +559,16 @@ def gemm_a8(xq: torch.Tensor, s: torch.Tensor, packed: torch.Tensor, scale: torc
     epilogue is one float32 pass. out_dtype torch.int32 returns the raw sums."""
     check_gemm_a8(xq, s, packed, scale, bias, out_dtype)  # one wording on every device
     return torch.ops.ternary.gemm_a8(xq, s, packed, scale, bias, out_dtype)
+
+
+def gemm_a8_repacked(xq: torch.Tensor, s: torch.Tensor, repacked: torch.Tensor, n: int,
+                     scale: torch.Tensor, bias: torch.Tensor | None = None,
+                     out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """gemm_a8 from the fused kernels' repacked weight of n channels (repack(packed)), the
+    copy a layer already holds for linear_fused: bit for bit the same result. CUDA: 128 x 128
+    tiles, x through a cp.async ring (csrc/gemm_a8_tc.cu)."""
+    check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+    return torch.ops.ternary.gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
 
 
 def repack(packed: torch.Tensor) -> torch.Tensor:

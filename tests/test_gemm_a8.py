@@ -1,4 +1,5 @@
-"""ternary::gemm_a8, W1.58A8 on int8 tensor cores (csrc/gemm_a8.cu).
+"""ternary::gemm_a8 and gemm_a8_repacked, W1.58A8 on int8 tensor cores (csrc/gemm_a8.cu from
+the canonical packed weight, csrc/gemm_a8_tc.cu from the fused kernels' repacked tiles).
 
 CPU: the PyTorch reference's integer sums against int64 arithmetic written here, its
 epilogue against float64, the fake kernel and the argument errors.
@@ -27,6 +28,23 @@ EPI = 2**-22
 SHAPES = ((1, 1, 4), (1, 37, 68), (3, 64, 64), (5, 65, 132), (16, 129, 260), (17, 96, 1000),
           (64, 2560, 2560), (100, 3840, 2560), (257, 63, 6912), (1024, 131, 516),
           (4096, 200, 128), (16384, 72, 96))
+
+
+IMPLS = ("canonical", "repacked")
+
+
+def _weight(impl, packed):
+    """What `impl` reads: the canonical packed weight, or repack(packed) (made before the
+    output is poisoned, so that the output, not the tiles, takes the poisoned block)."""
+    return packed if impl == "canonical" else ops.repack(packed)
+
+
+def _gemm(impl, xq, s, packed, scale, bias=None, out_dtype=torch.bfloat16, weight=None):
+    """gemm_a8 on the canonical packed weight, or gemm_a8_repacked on repack(packed)."""
+    weight = _weight(impl, packed) if weight is None else weight
+    if impl == "canonical":
+        return ops.gemm_a8(xq, s, weight, scale, bias, out_dtype)
+    return ops.gemm_a8_repacked(xq, s, weight, packed.shape[0], scale, bias, out_dtype)
 
 
 def _rng(extra: int = 0) -> random.Random:
@@ -75,11 +93,12 @@ def _within_rounding(y: torch.Tensor, ref_terms, dtype, what: str) -> None:
 # CPU: the reference
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m,n,k", [(1, 5, 4), (7, 33, 132), (20, 64, 1000)])
-def test_reference_sums_are_the_int64_sums(m, n, k):
+def test_reference_sums_are_the_int64_sums(m, n, k, impl):
     _rng(m)
     (xq, s, packed, scale, _), codes = _case(m, n, k, "cpu")
-    got = ops.gemm_a8(xq, s, packed, scale, out_dtype=torch.int32)
+    got = _gemm(impl, xq, s, packed, scale, out_dtype=torch.int32)
     assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), _int64(xq, codes))
 
 
@@ -136,12 +155,14 @@ def _poison(shape, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_cuda_int32_sums_bit_exact(m, n, k):
+def test_cuda_int32_sums_bit_exact(m, n, k, impl):
     _rng(m * 7 + n)
     (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
+    weight = _weight(impl, packed)
     _poison((m, n), torch.int32)
-    got = ops.gemm_a8(xq, s, packed, scale, out_dtype=torch.int32)
+    got = _gemm(impl, xq, s, packed, scale, out_dtype=torch.int32, weight=weight)
     torch.cuda.synchronize()
     ref = _int64(xq, codes)
     diff = got.cpu().to(torch.int64) != ref
@@ -150,18 +171,20 @@ def test_cuda_int32_sums_bit_exact(m, n, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", OUT)
 @pytest.mark.parametrize("m,n,k", SHAPES[::2] + SHAPES[1::4])
-def test_cuda_epilogue(m, n, k, dtype):
+def test_cuda_epilogue(m, n, k, dtype, impl):
     rng = _rng(m + k)
     per_tensor = rng.random() < 0.3
     with_bias = rng.random() < 0.6
     (xq, s, packed, scale, bias), codes = _case(m, n, k, "cuda", per_tensor,
                                                 dtype if with_bias else None)
+    weight = _weight(impl, packed)
     _poison((m, n), dtype)
-    y = ops.gemm_a8(xq, s, packed, scale, bias, dtype)
+    y = _gemm(impl, xq, s, packed, scale, bias, dtype, weight=weight)
     torch.cuda.synchronize()
-    what = f"m={m} n={n} k={k} {dtype} per_tensor={per_tensor} bias={with_bias}"
+    what = f"{impl} m={m} n={n} k={k} {dtype} per_tensor={per_tensor} bias={with_bias}"
     _within_rounding(y, _float64(_int64(xq, codes), s, scale, bias), dtype, what)
     cpu = ops._gemm_a8_ref(*(t.cpu() if t is not None else None for t in (xq, s, packed, scale, bias)),
                            dtype)
@@ -178,15 +201,23 @@ def test_cuda_errors_name_the_argument():
 
 
 @pytest.mark.gpu
-def test_cuda_graph_capture_replay():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_graph_capture_replay(impl):
     _rng()
     m, n, k = 33, 130, 2564
     (xq, s, packed, scale, bias), codes = _case(m, n, k, "cuda", False, torch.bfloat16)
-    ops.gemm_a8(xq, s, packed, scale, bias)  # warm up outside the capture
+    repacked = ops.repack(packed)
+
+    def call():
+        if impl == "canonical":
+            return ops.gemm_a8(xq, s, packed, scale, bias)
+        return ops.gemm_a8_repacked(xq, s, repacked, n, scale, bias)
+
+    call()  # warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = ops.gemm_a8(xq, s, packed, scale, bias)
+        y = call()
     for _ in range(3):
         fresh = torch.randint(-128, 128, (m, k), dtype=torch.int8)
         xq.copy_(fresh)
@@ -198,15 +229,19 @@ def test_cuda_graph_capture_replay():
 
 
 @pytest.mark.gpu
-def test_cuda_torch_compile_quantize_then_gemm():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cuda_torch_compile_quantize_then_gemm(impl):
     _rng()
     n, k = 96, 1028
     codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
     packed, scale = ops.pack(codes).cuda(), (torch.rand(n) + 0.5).cuda()
+    repacked = ops.repack(packed)
 
     def layer(x):
         xq, s = ops.quantize_act_int8(x, torch.int8)
-        return ops.gemm_a8(xq, s, packed, scale, None, torch.bfloat16)
+        if impl == "canonical":
+            return ops.gemm_a8(xq, s, packed, scale, None, torch.bfloat16)
+        return ops.gemm_a8_repacked(xq, s, repacked, n, scale, None, torch.bfloat16)
 
     compiled = torch.compile(layer, fullgraph=True, dynamic=True)
     for m in (1, 7, 300):
@@ -240,6 +275,66 @@ def test_cuda_empty_k_gives_the_bias():
     packed = torch.zeros(5, 0, dtype=torch.uint8, device="cuda")
     scale = torch.ones(5, device="cuda")
     bias = torch.randn(5, device="cuda").to(torch.bfloat16)
-    assert torch.equal(ops.gemm_a8(xq, s, packed, scale, bias, torch.bfloat16),
-                       bias.expand(3, 5))
-    assert not ops.gemm_a8(xq, s, packed, scale, None, torch.float32).any()
+    for impl in IMPLS:
+        assert torch.equal(_gemm(impl, xq, s, packed, scale, bias, torch.bfloat16),
+                           bias.expand(3, 5)), impl
+        assert not _gemm(impl, xq, s, packed, scale, None, torch.float32).any(), impl
+def test_repacked_reference_is_the_canonical_one_bit_for_bit():
+    _rng()
+    for m, n, k, dtype in ((3, 37, 68, torch.bfloat16), (9, 70, 260, torch.float16),
+                           (5, 33, 132, torch.float32), (4, 64, 128, torch.int32)):
+        (xq, s, packed, scale, bias), _ = _case(m, n, k, "cpu", False,
+                                                None if dtype == torch.int32 else dtype)
+        want = ops.gemm_a8(xq, s, packed, scale, bias, dtype)
+        got = ops.gemm_a8_repacked(xq, s, ops.repack(packed), n, scale, bias, dtype)
+        assert torch.equal(got, want), (m, n, k, dtype)
+
+
+def test_repacked_refuses_tiles_of_another_shape_by_name():
+    (xq, s, packed, scale, _), _ = _case(4, 40, 132, "cpu")
+    rep = ops.repack(packed)  # [2, 3, 512] for n=40, k=132
+    with pytest.raises(ValueError, match="n=70"):
+        ops.gemm_a8_repacked(xq, s, rep, 70, torch.ones(70))
+    with pytest.raises(ValueError, match="K=128"):
+        ops.gemm_a8_repacked(xq[:, :128].contiguous(), s, rep, 40, scale)
+    with pytest.raises(ValueError, match="xq int8"):
+        ops.gemm_a8_repacked(xq.float(), s, rep, 40, scale)
+
+
+@pytest.mark.gpu
+def test_cuda_repacked_takes_strided_and_offset_x():
+    """x rows that are a column slice of a wider tensor, and a start past 16-byte alignment:
+    the op copies them to the aligned, k-padded rows the kernel reads."""
+    _rng()
+    m, n, k = 70, 96, 260
+    (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
+    wide = torch.randint(-128, 128, (m, k + 12), dtype=torch.int8, device="cuda")
+    wide[:, 4:4 + k] = xq
+    got = ops.gemm_a8_repacked(wide[:, 4:4 + k], s, ops.repack(packed), n, scale,
+                               out_dtype=torch.int32)
+    assert torch.equal(got.cpu().to(torch.int64), _int64(xq, codes))
+    # k a multiple of 16 (no padding copy), rows from a start 4 bytes past alignment
+    k = 256
+    (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
+    flat = torch.zeros(m * k + 4, dtype=torch.int8, device="cuda")
+    flat[4:].copy_(xq.reshape(-1))
+    assert flat[4:].data_ptr() % 16
+    got = ops.gemm_a8_repacked(flat[4:].view(m, k), s, ops.repack(packed), n, scale,
+                               out_dtype=torch.int32)
+    assert torch.equal(got.cpu().to(torch.int64), _int64(xq, codes))
+
+
+@pytest.mark.gpu
+def test_cuda_repacked_op_checks_its_arguments_without_the_python_wrapper():
+    (xq, s, packed, scale, _), _ = _case(4, 40, 132, "cuda")
+    op = torch.ops.ternary.gemm_a8_repacked
+    rep = ops.repack(packed)
+    bf = torch.zeros(40, dtype=torch.bfloat16, device="cuda")
+    for args, pattern in [
+        ((xq.float(), s, rep, 40, scale, None, torch.bfloat16), "xq int8 \\[M, K\\]"),
+        ((xq, s, rep, 70, scale, None, torch.bfloat16), "repacked must be uint8 \\[3, 3, 512\\]"),
+        ((xq, s[:3], rep, 40, scale, None, torch.bfloat16), "gemm_a8_repacked takes s float32"),
+        ((xq, s, rep, 40, scale, bf, torch.int32), "none with int32"),
+    ]:
+        with pytest.raises((ValueError, RuntimeError), match=pattern):
+            op(*args)

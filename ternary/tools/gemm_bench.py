@@ -46,7 +46,8 @@ M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
 MIN_REPLAYS = 3
-METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "a8_tc", "int_mm", "gemlite")
+METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "a8_tc", "a8_tc_rp", "int_mm",
+           "gemlite")
 
 
 @dataclass
@@ -280,6 +281,10 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 cases["a8_tc"] = [lambda p=p, s=s, x=x: ops.gemm_a8(
                     *ops.quantize_act_int8(x, torch.int8), p, s, None, dtype)
                     for p, s in zip(packed, scales)]
+                # ... and ternary::gemm_a8_repacked on the fused kernel's own tiles
+                cases["a8_tc_rp"] = [lambda p=p, s=s, x=x, n=n: ops.gemm_a8_repacked(
+                    *ops.quantize_act_int8(x, torch.int8), p.repacked, n, s, None, dtype)
+                    for p, s in zip(prepared, scales)]
                 # cuBLASLt int8 (int32 out) on the dense int8 codes, with the same epilogue;
                 # torch._int_mm takes M > 16 and K, N multiples of 8 only (checked here: a
                 # refusal inside a graph capture would break the capture)
@@ -331,10 +336,16 @@ def render(result: dict) -> None:
                      f"{meta['bf16_mm_flops'] / 1e12:.0f} TFLOP/s; times in us"))
     a8 = any(r["us"].get("a8") for r in result["rows"])
     tc = any(r["us"].get("a8_tc") for r in result["rows"])
+
+    def best_tc(us):  # the faster int8 tensor-core kernel of the row
+        v = [us[key] for key in ("a8_tc", "a8_tc_rp") if us.get(key)]
+        return min(v) if v else None
+
     for col in ("K x N", "M", "fused (kernel)", "auto (policy)", "cuBLAS bf16", "dequant+mm",
                 "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %",
                 *(("A8 route", "A8 x cuBLAS") if a8 else ()),
-                *(("A8 int8 TC", "int_mm A8", "TC x cuBLAS", "TC x int_mm") if tc else ())):
+                *(("A8 TC 64", "A8 TC 128", "int_mm A8", "TC x cuBLAS", "TC x int_mm")
+                  if tc else ())):
         t.add_column(col, justify="right")
 
     def f(v):
@@ -353,16 +364,18 @@ def render(result: dict) -> None:
                   f"{100 * floor / au:.0f}" if au else "-",
                   *((f(us.get("a8")), f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-")
                     if a8 else ()),
-                  *((f(us.get("a8_tc")), f(us.get("int_mm")), _ratio(cb, us.get("a8_tc")),
-                     _ratio(us.get("int_mm"), us.get("a8_tc"))) if tc else ()))
+                  *((f(us.get("a8_tc")), f(us.get("a8_tc_rp")), f(us.get("int_mm")),
+                     _ratio(cb, best_tc(us)), _ratio(us.get("int_mm"), best_tc(us))) if tc else ()))
     console = Console(width=160)
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
     if tc:
-        console.print("A8 int8 TC: quantize + ternary::gemm_a8 (int8 tensor cores); int_mm A8: "
-                      "quantize + torch._int_mm (cuBLASLt int8) on the dense int8 codes + the "
-                      "same epilogue ('-' where it refuses the shape, M <= 16)")
+        console.print("A8 TC 64 / 128: quantize + ternary::gemm_a8 (int8 tensor cores, 64-token "
+                      "tiles, canonical weight) / gemm_a8_repacked (128 x 128 tiles, the fused "
+                      "kernel's weight); TC x: the faster of the two; int_mm A8: quantize + "
+                      "torch._int_mm (cuBLASLt int8) on the dense int8 codes + the same epilogue "
+                      "('-' where it refuses the shape, M <= 16)")
     if a8:
         console.print("A8 route: an int8_per_token layer as the plugin runs it (per-token int8 "
                       "quantize, `auto` on the integer-valued x, divide by the token scales)")

@@ -282,14 +282,15 @@ def test_render_int8_tensor_core_columns_are_the_ratios(capsys, tmp_path, monkey
 
     monkeypatch.setenv("COLUMNS", "260")
     times = {"fused": 12.0, "auto": 10.0, "cublas_path": 99.0, "cublas_dense": 50.0,
-             "gemlite": None, "a8": 20.0, "a8_tc": 8.0, "int_mm": None}
-    big = {**times, "a8_tc": 40.0, "int_mm": 60.0}
+             "gemlite": None, "a8": 20.0, "a8_tc": 8.0, "a8_tc_rp": 10.0, "int_mm": None}
+    big = {**times, "a8_tc": 40.0, "a8_tc_rp": 30.0, "int_mm": 60.0}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(_result([(4096, 4096, 1, times, 4.0, 0.5),
                                         (4096, 4096, 4096, big, 4.0, 8.0)])))
     assert cli.main(["bench", "--render", str(path)]) == 0
     out = capsys.readouterr().out
-    # ... A8 route, A8 x cuBLAS, A8 int8 TC, int_mm A8, TC x cuBLAS, TC x int_mm
-    assert _cells(out, "│    1 │")[-6:] == ["20.0", "2.50", "8.0", "-", "6.25", "-"]
-    assert _cells(out, "│ 4096 │")[-4:] == ["40.0", "60.0", "1.25", "1.50"]
+    # ... A8 route, A8 x cuBLAS, A8 TC 64, A8 TC 128, int_mm A8, TC x cuBLAS, TC x int_mm (the
+    # ratios of the faster TC kernel: 64 at M = 1, 128 at M = 4096)
+    assert _cells(out, "│    1 │")[-7:] == ["20.0", "2.50", "8.0", "10.0", "-", "6.25", "-"]
+    assert _cells(out, "│ 4096 │")[-5:] == ["40.0", "30.0", "60.0", "1.67", "2.00"]
     assert "torch._int_mm (cuBLASLt int8)" in out
