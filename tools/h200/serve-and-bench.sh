@@ -12,6 +12,7 @@
 #   wheel       the same without pytest (build only, then install)
 #   doctor      ternary doctor --json (driver, torch, nvcc, GPU arch against ternary._C, kernel path)
 #   gpu-tests   the op, kernel, int8 tensor-core and TP-kernel tests alone (quicker than build)
+#   sanitize    compute-sanitizer memcheck and racecheck on bench/sanitize_fused.py (sm_90a wheel)
 #   vllm-tests  pytest tests/vllm against the installed wheel and the packed vLLM
 #   smoke       ternary.tools.smoke --target h200: real OpenAI server on 127.0.0.1, tiny models
 #   validate    ternary validate --dtype bfloat16 on a make-tiny model (KL, first divergent layer)
@@ -50,9 +51,9 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(setup build smoke validate bench)
 for s in "${stages[@]}"; do
   case $s in
-    setup|build|wheel|doctor|gpu-tests|vllm-tests|smoke|validate|models|bench|kbench|ptx|faults) ;;
+    setup|build|wheel|doctor|gpu-tests|sanitize|vllm-tests|smoke|validate|models|bench|kbench|ptx|faults) ;;
     tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels|soak) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests vllm-tests smoke validate models bench kbench ptx faults tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests sanitize vllm-tests smoke validate models bench kbench ptx faults tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
        exit 2 ;;
   esac
 done
