@@ -461,6 +461,11 @@ def add_arguments(p) -> None:
                         "answered in full")
 
 
+# KV cache of each server under --parallel on a GPU: make-tiny's models at --max-model-len
+# 256 need a few MiB a sequence; 1 GiB holds every request the smoke sends at once.
+PARALLEL_KV_CACHE_BYTES = 1 << 30
+
+
 def _refuse(why: str) -> int:
     print(f"ternary smoke: error: {why}", file=sys.stderr)
     return 2
@@ -501,7 +506,13 @@ def run_cli(args) -> int:
     if args.parallel and len(formats) > 1:
         import torch
 
-        share = (("--gpu-memory-utilization", f"{0.9 / len(formats):.2f}")
+        # vLLM sizes its KV cache from the free memory it sees around a profiling run and
+        # refuses to start ("Error in memory profiling") when another process freed memory
+        # meanwhile, as servers starting side by side do (measured on the H200 at 0.26.0: two
+        # of three failed). A fixed KV size skips that profiling; the utilization share is
+        # then only vLLM's start-up check that so much memory is free.
+        share = (("--gpu-memory-utilization", f"{0.9 / len(formats):.2f}",
+                  "--kv-cache-memory-bytes", str(PARALLEL_KV_CACHE_BYTES))
                  if torch.cuda.is_available() else ())
         console.log(f"starting {len(formats)} servers at once{' ' + ' '.join(share) if share else ''}")
         with concurrent.futures.ThreadPoolExecutor(len(formats)) as pool:

@@ -211,6 +211,28 @@ def test_parallel_runs_every_format_at_once_in_order(monkeypatch, capsys):
     assert sorted(f for f, _ in calls) == ["bitnet", "bitnet-arch", "ternary"]
 
 
+def test_parallel_servers_on_a_gpu_get_a_fixed_kv_cache(monkeypatch, capsys):
+    """Side by side on one GPU each server gets a share of the memory and a fixed KV cache
+    size: vLLM's free-memory profiling fails when a neighbour frees memory meanwhile."""
+    import torch
+
+    seen = []
+
+    def fake(fmt, launcher, work, health_timeout, say, status, dtype, tol, expect_kernel, tp,
+             model_dir, server_args=()):
+        seen.append(list(server_args))
+        return smoke.ServerRun(fmt, launcher, 0, [smoke.Check("healthy", True, 0.0)])
+
+    monkeypatch.setattr(smoke, "smoke_one", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(smoke, "too_few_gpus", lambda tp: None)
+    assert cli.main(["smoke", "--formats", "ternary,bitnet", "--parallel", "--json"]) == 0
+    capsys.readouterr()
+    for args in seen:
+        assert args[args.index("--gpu-memory-utilization") + 1] == "0.45"
+        assert int(args[args.index("--kv-cache-memory-bytes") + 1]) == smoke.PARALLEL_KV_CACHE_BYTES
+
+
 def test_ports_handed_out_are_never_repeated():
     ports = {engine.free_port() for _ in range(200)}
     assert len(ports) == 200
