@@ -346,7 +346,7 @@ def render(result: dict) -> None:
                 *(("A8 route", "A8 x cuBLAS") if a8 else ()),
                 *(("A8 TC 64", "A8 TC 128", "int_mm A8", "TC x cuBLAS", "TC x int_mm")
                   if tc else ())):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", no_wrap=col in ("K x N", "M"))
 
     def f(v):
         return "-" if v is None else f"{v:.1f}"
@@ -366,7 +366,8 @@ def render(result: dict) -> None:
                     if a8 else ()),
                   *((f(us.get("a8_tc")), f(us.get("a8_tc_rp")), f(us.get("int_mm")),
                      _ratio(cb, best_tc(us)), _ratio(us.get("int_mm"), best_tc(us))) if tc else ()))
-    console = Console(width=160)
+    # the int8 tensor-core columns do not fit 160 characters without folding every cell
+    console = Console(width=220 if tc else 160)
     console.print(t)
     console.print("x cuBLAS / x gemlite: speedup of `auto` (the kernel the policy picks); floor: "
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")

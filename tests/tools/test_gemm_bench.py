@@ -294,3 +294,17 @@ def test_render_int8_tensor_core_columns_are_the_ratios(capsys, tmp_path, monkey
     assert _cells(out, "│    1 │")[-7:] == ["20.0", "2.50", "8.0", "10.0", "-", "6.25", "-"]
     assert _cells(out, "│ 4096 │")[-5:] == ["40.0", "30.0", "60.0", "1.67", "2.00"]
     assert "torch._int_mm (cuBLASLt int8)" in out
+
+
+def test_render_keeps_each_shape_on_one_line(capsys, tmp_path):
+    """With every column present (the int8 tensor-core ones too) the shape and M cells do not
+    fold ("2560 x" over "13824"), whatever the terminal: the table is read and grepped by shape."""
+    import json
+
+    times = {"fused": 12.0, "auto": 10.0, "cublas_path": 99.0, "cublas_dense": 50.0,
+             "gemlite": None, "a8": 20.0, "a8_tc": 8.0, "a8_tc_rp": 10.0, "int_mm": 9.0}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_result([(2560, 13824, 16384, times, 4.0, 0.5)])))
+    assert cli.main(["bench", "--render", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2560 x 13824" in out and "16384" in out
