@@ -308,3 +308,24 @@ def test_render_keeps_each_shape_on_one_line(capsys, tmp_path):
     assert cli.main(["bench", "--render", str(path)]) == 0
     out = capsys.readouterr().out
     assert "2560 x 13824" in out and "16384" in out
+
+
+def test_the_int8_kernel_table_in_the_docs_is_the_saved_run():
+    """docs/kernels.md's int8 table quotes bench/results-h200-a8.json cell for cell (rounded
+    to 0.1 us), and the saved run renders."""
+    import json
+    import re
+
+    rows = {(r["k"], r["n"], r["m"]): r["us"]
+            for r in json.loads((RESULTS / "results-h200-a8.json").read_text())["rows"]}
+    doc = (RESULTS.parent / "docs" / "kernels.md").read_text()
+    table = doc[doc.index("| K x N | M | fused (A16) | A8 route |"):].split("\n\n")[0]
+    quoted = re.findall(r"^\| (\d+) x (\d+) \| (\d+) \|(.*)\|$", table, re.M)
+    assert len(quoted) >= 6
+    for k, n, m, cells in quoted:
+        us = rows[(int(k), int(n), int(m))]
+        want = [us["fused"], us["a8"], us["a8_tc"], us["a8_tc_rp"], us.get("int_mm"),
+                us["cublas_dense"]]
+        got = [c.strip() for c in cells.split("|")]
+        assert got == [f"{v:.1f}" if v else "-" for v in want], (k, n, m)
+    assert cli.main(["bench", "--render", str(RESULTS / "results-h200-a8.json")]) == 0
