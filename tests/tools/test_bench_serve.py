@@ -164,6 +164,7 @@ def test_parse_batches_sorts_and_dedups():
     (["--batches", "0"], "--batches '0'"),
     (["--output-len", "0"], "--output-len 0: must be at least 1"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0: must be at least 1"),
+    (["--profile-steps", "-1"], "--profile-steps -1: must be 0 (off) or more"),
 ])
 def test_cli_refusals(args, match, capsys):
     assert cli(["bench-serve", *args]) == 2
@@ -183,6 +184,17 @@ def test_cli_refuses_without_vllm_but_prepares(tmp_path, monkeypatch, capsys):
                 "--work", str(tmp_path), "--prepare-only"]) == 0
     assert (tmp_path / "tiny-ternary-1layer" / "model.safetensors").exists()
     assert (tmp_path / "tiny-bf16" / "config.json").exists()
+
+
+def test_cli_refuses_profiling_on_a_vllm_without_profiler_config(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("vllm", reason="the check runs after the vLLM import check")
+    from ternary.commands import bench_serve as cmd
+
+    monkeypatch.setattr(cmd, "_has_profiler_config", lambda: False)
+    assert cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer", "--profile-steps",
+                "3", "--work", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--profile-steps needs vLLM's profiler_config" in err and "this environment has vLLM" in err
 
 
 def test_cli_reports_an_unwritable_work_dir(tmp_path, capsys):
@@ -400,6 +412,10 @@ def test_h200_summary_reads_bench_json(tmp_path):
     import subprocess
 
     runs = [_run("ternary", "ternary", 32, 2.0, {1: 600.0}), _run("bf16", "bf16", 32, 12.6, {1: 200.0})]
+    cats = {"ternary GEMM": 0.9, "int8 quantize": 0.1, "dense GEMM": 0.2, "attention": 0.3}
+    runs[0].profiles = [{"batch": 1, "steps": 9, "step_ms": 1.93, "busy_ms": 1.5,
+                         "host_gap_ms": 0.43, "categories_ms": cats, "top": []}]
+    runs[1].profiles = [{"batch": 1, "error": "ProfileError: no trace"}]
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "bench.json").write_text(json.dumps({
         "shape": "llama2-7b", "prompt_len": 128, "output_len": 128,
@@ -412,6 +428,9 @@ def test_h200_summary_reads_bench_json(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "bench  ok" in out and "smoke  skipped" in out
     assert "ternary / bf16: tok/s b1 3.00x; weights 0.159x" in out
+    line = next(ln.split() for ln in out.splitlines() if ln.split()[:3] == ["ternary", "1", "9"])
+    assert line[3:8] == ["1.930", "1.500", "0.430", "0.900", "0.100"]
+    assert "ProfileError: no trace" in out
 
 
 # ---------------------------------------------------------------------------------------
@@ -424,7 +443,8 @@ def test_bench_serve_on_vllm(tmp_path):
     out = tmp_path / "bench.json"
     rc = cli(["bench-serve", "--shape", "tiny", "--models", "ternary,bf16", "--batches", "1,4",
               "--prompt-len", "16", "--output-len", "8", "--repeats", "1", "--enforce-eager",
-              "--work", str(tmp_path), "--json", str(out), "--budget", "400"])
+              "--profile-steps", "3", "--work", str(tmp_path), "--json", str(out),
+              "--budget", "400"])
     report = json.loads(out.read_text())
     assert rc == 0, [m["error"] for m in report["models"]]
     by = {m["name"]: m for m in report["models"]}
@@ -434,6 +454,14 @@ def test_bench_serve_on_vllm(tmp_path):
         assert m["weights_gib"] and m["weights_gib"] > 0
     # every linear layer of the ternary model went through the plugin
     assert sum(by["ternary"]["kernels"].values()) == 2 * 4  # qkv, o, gate_up, down per layer
+    # --profile-steps: a real trace of each batch's decode steps, cut into categories
+    for name, m in by.items():
+        assert [p["batch"] for p in m["profiles"]] == [1, 4], m["profiles"]
+        for p in m["profiles"]:
+            assert "error" not in p, p
+            assert p["steps"] >= 2 and 0 < p["busy_ms"] <= p["step_ms"] + 1e-9, p
+            assert p["categories_ms"]["attention"] > 0, p
+            assert (p["categories_ms"]["ternary GEMM"] > 0) == (name == "ternary"), (name, p)
     assert report["comparisons"][0]["tok_s_ratio"].keys() == {"1", "4"} or \
         report["comparisons"][0]["tok_s_ratio"].keys() == {1, 4}
 

@@ -15,6 +15,7 @@ BENCH_MODELS=${BENCH_MODELS:-ternary,bf16,ternary-1layer,bf16-1layer}
 BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
 BENCH_REPEATS=${BENCH_REPEATS:-3}
 BENCH_SHAPE=${BENCH_SHAPE:-llama2-7b}
+BENCH_PROFILE_STEPS=${BENCH_PROFILE_STEPS:-0}   # bench: profile this many decode steps a batch (0: off)
 TP=${TP:-2}                                     # the tp-* stages: tensor parallel size
 TP_VALIDATE_DTYPES=${TP_VALIDATE_DTYPES:-float32,bfloat16}  # first one that runs is kept
 TP_BENCH_MODELS=${TP_BENCH_MODELS:-ternary,bf16}
@@ -296,7 +297,7 @@ stage_bench() {
   run_step bench "$l" 150 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" \
     --work "$W/models" --logs "$W/bench-logs" --json "$W/results/bench.json" \
     --models "$BENCH_MODELS" --batches "$BENCH_BATCHES" --repeats "$BENCH_REPEATS" \
-    --budget $(( l - 45 )) --timeout 300
+    --profile-steps "$BENCH_PROFILE_STEPS" --budget $(( l - 45 )) --timeout 300
 }
 
 # ---- tensor parallel (the nvidia-h200-x2 machine; tools/h200/README.md, "Two GPUs") ----

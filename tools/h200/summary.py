@@ -112,6 +112,21 @@ def bench(r: dict) -> list[str]:
         out.append(f"{c['run']} / {c['base']}: tok/s "
                    + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
                    + (f"; weights {w:.3f}x" if w is not None else ""))
+    cols = ("ternary GEMM", "int8 quantize", "dense GEMM", "attention", "norm", "sampler",
+            "copies", "other")
+    prof = []
+    for m in r["models"]:
+        for p in m.get("profiles") or []:
+            if "error" in p:
+                prof.append([label(m), p["batch"], "ERROR", p["error"][:80], *[""] * (len(cols) + 2)])
+                continue
+            c = p["categories_ms"]
+            prof.append([label(m), p["batch"], p["steps"], f"{p['step_ms']:.3f}",
+                         f"{p['busy_ms']:.3f}", f"{p['host_gap_ms']:.3f}",
+                         *(f"{c.get(k, 0.0):.3f}" for k in cols)])
+    if prof:
+        out += rows("where a decode step goes (ms a step)",
+                    ["model", "batch", "steps", "step", "busy", "host gap", *cols], prof)
     return out
 
 

