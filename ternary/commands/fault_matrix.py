@@ -15,6 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--only", default="", metavar="FAULTS",
                    help="comma-separated subset of the full matrix: streams, flood, sigterm, "
                         "engine, worker, server (sigterm always runs with the first three)")
+    p.add_argument("--parallel", action="store_true",
+                   help="each group of faults on its own server at the same time, each in a "
+                        "process of its own (streams+flood+sigterm, engine, worker, server)")
     p.add_argument("--load", action="store_true",
                    help="instead: 2,000 requests from 128 clients (a fifth malformed) on each "
                         "model, p50/p99, then a memory soak (slow: not for CI)")
@@ -43,4 +46,5 @@ def run(args) -> int:
                              formats=tuple(f for f in args.formats.split(",") if f),
                              work=args.work, health_timeout=args.health_timeout,
                              only=tuple(f for f in args.only.split(",") if f),
-                             dtype=args.dtype, server_args=tuple(shlex.split(args.server_args)))
+                             dtype=args.dtype, server_args=tuple(shlex.split(args.server_args)),
+                             in_parallel=args.parallel)

@@ -14,6 +14,10 @@ always; and, where the fault is not a kill (SIGTERM, dropped streams, a flood), 
 started before the fault that got neither an answer nor a 503. Requests in flight when the
 engine is killed cannot be answered; they count only if answered wrongly.
 
+--parallel: each group of faults (the one served server's streams, flood and SIGTERM; each
+SIGKILL) on its own server at the same time, in its own process (on the H200 a server takes
+100-120 s to start, so the full matrix takes about one start instead of four).
+
 --short: one server, three faults (dropped streams, flood, SIGKILL of the engine), a few
 minutes on 2 cores (.ci/run). --load: instead, issue 37's 10x load on each make-tiny model
 (ternary and bitnet: Llama; bitnet-arch: BitNetForCausalLM): 2,000 requests from 128
@@ -445,6 +449,66 @@ def matrix(work: Path, short: bool, say, health_timeout: float = HEALTH_TIMEOUT_
     return rows
 
 
+def groups(only: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The matrix's independent parts, each on a server of its own: the faults one server
+    takes in turn (streams, flood, then SIGTERM, which stops it), and each SIGKILL."""
+    only = set(only or FAULTS)
+    served = tuple(f for f in ("streams", "flood", "sigterm") if f in only)
+    return ([served] if served else []) + [(k,) for k in KILLS if k in only]
+
+
+def parallel(work: Path, say, health_timeout: float, only: tuple[str, ...], dtype: str,
+             server_args: tuple[str, ...]) -> list[Row]:
+    """Every group of `groups(only)` at once, each in a `ternary fault-matrix --only GROUP
+    --json` process of its own: each is its own subreaper, so one fault's orphans (counted
+    as its leftovers) and the children it reaps are never another's. On a GPU each server
+    gets 0.9 / N of the memory and a fixed KV cache, as smoke --parallel does (vLLM's
+    profiling of free memory fails when a neighbour frees memory meanwhile)."""
+    import shlex
+    import subprocess
+
+    import torch
+
+    from ternary.tools.smoke import PARALLEL_KV_CACHE_BYTES
+
+    todo = groups(only)
+    share: tuple[str, ...] = ()
+    if torch.cuda.is_available():
+        share = ("--gpu-memory-utilization", f"{0.9 / len(todo):.2f}",
+                 "--kv-cache-memory-bytes", str(PARALLEL_KV_CACHE_BYTES))
+    me = os.getpid()
+    started = []
+    for g in todo:
+        name = "-".join(g)
+        cmd = [sys.executable, "-m", "ternary", "fault-matrix", "--only", ",".join(g), "--json",
+               "--work", str(work / name), "--dtype", dtype, "--health-timeout",
+               str(health_timeout), f"--server-args={shlex.join([*server_args, *share])}"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: supervise.arm_parent_death(me))
+        relay = threading.Thread(target=_relay, args=(proc.stderr, say, name), daemon=True)
+        relay.start()
+        started.append((g, proc, relay))
+    rows = []
+    for g, proc, relay in started:
+        out = proc.stdout.read()
+        code = proc.wait()
+        relay.join(10)
+        try:
+            got = [Row(**{k: v for k, v in r.items() if k != "ok"}) for r in json.loads(out)]
+        except (ValueError, TypeError):
+            got = [Row(f"{','.join(g)}: the matrix process", code, None, 0, 0, 0, "0",
+                       f"exited {code} without its rows; stdout: {out[-200:]!r}")]
+        rows += got
+    return rows
+
+
+def _relay(stream, say, name: str) -> None:
+    for line in stream:
+        line = line.rstrip()
+        if line:
+            say(f"[{name}] {line.removeprefix('fault-matrix: ')}")
+
+
 def table(rows: list[Row]) -> str:
     head = ("| fault | exit code | s to exit | processes left | valid lost | requests | ok "
             "| detail |")
@@ -532,7 +596,7 @@ def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
          total: int = 2000, clients: int = 128, formats: tuple[str, ...] = tuple(TINY_MODELS),
          work: Path | None = None, health_timeout: float = HEALTH_TIMEOUT_S,
          only: tuple[str, ...] = (), dtype: str = "float32",
-         server_args: tuple[str, ...] = ()) -> int:
+         server_args: tuple[str, ...] = (), in_parallel: bool = False) -> int:
     unknown = [f for f in formats if f not in TINY_MODELS]
     if load and unknown:  # before any model is written or server started
         print(f"ternary fault-matrix: error: --formats: unknown {unknown}; choose from "
@@ -564,7 +628,12 @@ def main(short: bool, as_json: bool, load: bool = False, soak_s: float = 600,
                       f"{r.pss_1min_kib / 1024:.0f} | {r.pss_end_kib / 1024:.0f} | "
                       f"{100 * r.growth:+.1f} % | {'ok' if r.ok else 'FAIL'} |")
         return 0 if all(r.ok for r in runs) else 1
-    rows = matrix(work, short, say, health_timeout, only, dtype, server_args)
+    if in_parallel and not short and len(groups(only)) > 1:
+        rows = _Rows(say)
+        for row in parallel(work, say, health_timeout, only, dtype, server_args):
+            rows.append(row)
+    else:
+        rows = matrix(work, short, say, health_timeout, only, dtype, server_args)
     if as_json:
         print(json.dumps([dict(dataclasses.asdict(r), ok=_row_ok(r)) for r in rows], indent=2))
     else:

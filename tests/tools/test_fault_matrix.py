@@ -108,3 +108,51 @@ def test_below_float32_the_servers_models_have_no_outlier_channels(tmp_path):
         w = load_file(str(b.model("bitnet-arch") / "model.safetensors"))
         big = max(float(t.max()) for n, t in w.items() if n.endswith("layernorm.weight"))
         assert (big >= 20) is outliers, (dtype, big)
+
+
+def test_groups_each_kill_apart_from_the_served_server():
+    assert fault_matrix.groups() == [("streams", "flood", "sigterm"), ("engine",), ("worker",),
+                                     ("server",)]
+    assert fault_matrix.groups(("server", "sigterm", "engine")) == [("sigterm",), ("engine",),
+                                                                     ("server",)]
+
+
+CHILD = """\
+import json, sys
+args = sys.argv[1:]
+only = args[args.index("--only") + 1]
+print(f"fault-matrix: row for {only}; {args[-1]}", file=sys.stderr, flush=True)
+if only == "worker":
+    sys.exit(3)  # a matrix process that dies without its rows
+print(json.dumps([{"fault": f, "exit_code": 137, "seconds_to_exit": 0.5, "processes_left": 0,
+                   "valid_lost": 0, "requests": 9, "expect_exit": "non-zero", "detail": "d",
+                   "ok": True} for f in only.split(",")]))
+"""
+
+
+def test_parallel_runs_each_group_in_its_own_process_and_merges_the_rows(tmp_path, monkeypatch):
+    """parallel(): one process a group (here a stand-in for `python -m ternary fault-matrix`,
+    which the matrix starts with sys.executable), its stderr relayed with the group's name,
+    its JSON rows merged in group order; one that exits without rows is a failing row. On a
+    GPU every server gets its share of the memory and a fixed KV cache."""
+    import sys
+
+    import torch
+
+    from ternary.tools.smoke import PARALLEL_KV_CACHE_BYTES
+
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    (tmp_path / "py").write_text(f"#!/bin/sh\nshift 3\nexec {sys.executable} {child} \"$@\"\n")
+    (tmp_path / "py").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "py"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    said = []
+    rows = fault_matrix.parallel(tmp_path, said.append, 60, ("engine", "worker", "flood"),
+                                 "bfloat16", ("--distributed-executor-backend", "mp"))
+    assert [r.fault for r in rows] == ["flood", "engine", "worker: the matrix process"]
+    assert [r.ok for r in rows] == [True, True, False]
+    assert "exited 3 without its rows" in rows[2].detail
+    share = (f"--server-args=--distributed-executor-backend mp --gpu-memory-utilization 0.30 "
+             f"--kv-cache-memory-bytes {PARALLEL_KV_CACHE_BYTES}")
+    assert sorted(said) == sorted(f"[{g}] row for {g}; {share}" for g in ("flood", "engine", "worker"))

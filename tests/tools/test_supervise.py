@@ -182,6 +182,23 @@ def test_real_vllm_cpu_server_engine_sigkill(tmp_path):
     assert [row["ok"] for row in rows] == [True, True, True], rows
 
 
+@pytest.mark.slow
+@pytest.mark.serve
+def test_real_fault_matrix_in_parallel(tmp_path):
+    """--parallel on real vllm-cpu servers: the engine SIGKILLed on one server while the
+    supervisor itself is SIGKILLed on another, each group in its own matrix process; both
+    rows right, and no process of either tree left (81 s on 2 cores)."""
+    pytest.importorskip("vllm")
+    r = subprocess.run([sys.executable, "-m", "ternary", "fault-matrix", "--parallel", "--only",
+                        "engine,server", "--json", "--work", str(tmp_path)], env=_env(),
+                       capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    rows = json.loads(r.stdout)
+    assert [(row["fault"], row["ok"], row["processes_left"]) for row in rows] == [
+        ("SIGKILL engine core (8 clients)", True, 0), ("SIGKILL server (8 clients)", True, 0)]
+    assert "[engine] " in r.stderr and "[server] " in r.stderr
+
+
 def test_sigterm_marks_draining_before_the_server_gets_it(tmp_path):
     """ternary.vllm.drain answers 503 while the marker exists: it must exist before vLLM
     starts its shutdown (the SIGTERM the supervisor forwards)."""

@@ -535,12 +535,13 @@ stage_ptx() {
 }
 
 # The fault matrix (ternary.tools.fault_matrix) against this GPU's vLLM: real `ternary serve`
-# servers, engine / worker / server killed, SIGTERM under load. A worker process on one GPU
+# servers, engine / worker / server killed, SIGTERM under load, each on its own server at
+# the same time (--parallel: a server takes 100-120 s to start here). A worker process on one GPU
 # needs vLLM's multiprocessing executor (the default there runs the model in the engine).
 stage_faults() {
   need vllm ternary || { record faults 1 0 "prerequisite missing (see above)"; return 1; }
-  run_step faults 420 120 bash -c "'$VPY' -P -m ternary fault-matrix --dtype bfloat16 \
-    --only '${FAULTS_ONLY:-engine,worker}' --work '$W/faults' \
+  run_step faults 420 120 bash -c "'$VPY' -P -m ternary fault-matrix --dtype bfloat16 --parallel \
+    --only '${FAULTS_ONLY:-sigterm,engine,worker,server}' --work '$W/faults' \
     --server-args='${FAULTS_SERVER_ARGS:---distributed-executor-backend mp}' --health-timeout 240"
   local rc=$?
   grep -E "^\||fault-matrix: (PASSED|FAILED)" "$W/logs/faults.log"
