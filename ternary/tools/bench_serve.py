@@ -87,6 +87,33 @@ def parse_batches(text: str) -> list[int]:
     return sorted(set(batches))
 
 
+# vllm.LLM arguments bench-serve sets from its own options
+OWN_ENGINE_ARGS = {"model": "--models and --shape", "tensor_parallel_size": "--tp",
+                   "dtype": "--dtype", "load_format": "--models", "enforce_eager": "--enforce-eager",
+                   "max_model_len": "--prompt-len and --output-len", "max_num_seqs": "--batches",
+                   "profiler_config": "--profile-steps", "seed": "--seed"}
+
+
+def parse_engine_args(items: list[str]) -> dict:
+    """--engine-arg KEY=VALUE items as vllm.LLM keyword arguments: VALUE as JSON where it
+    parses (false, 8, {"cudagraph_mode": "PIECEWISE"}), else the string."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if key in OWN_ENGINE_ARGS:
+            raise BenchError(f"--engine-arg {key}: bench-serve sets it itself; use "
+                             f"{OWN_ENGINE_ARGS[key]}")
+        if not sep or not key.isidentifier():
+            raise BenchError(f"--engine-arg {item!r}: write KEY=VALUE with KEY a vllm.LLM "
+                             f"argument, e.g. async_scheduling=false or "
+                             f"compilation_config='{{\"cudagraph_mode\": \"PIECEWISE\"}}'")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def parse_tps(text: str) -> list[int]:
     """--tp: tensor-parallel sizes, comma-separated (each model runs at every one)."""
     try:
@@ -268,6 +295,7 @@ def worker(spec: dict) -> dict:
         kwargs["disable_custom_all_reduce"] = True
     if spec.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
+    kwargs.update(spec.get("engine_args") or {})
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
     steps = spec.get("profile_steps") or 0
@@ -553,7 +581,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           eager_fallback: bool = True, gpu_memory_utilization: float = 0.85, seed: int = 0,
           say=print, command: list[str] | None = None, tps: list[int] | None = None,
           disable_custom_all_reduce: bool = False,
-          max_num_batched_tokens: int | None = None, profile_steps: int = 0) -> dict:
+          max_num_batched_tokens: int | None = None, profile_steps: int = 0,
+          engine_args: dict | None = None) -> dict:
     """Runs every model at every tensor-parallel size of `tps` (default [1]) within
     `budget_s` seconds in all; returns the report. max_num_batched_tokens None keeps vLLM's
     default (0.26 on an H200: 16384 for the LLM class, which its profiling run takes at once)."""
@@ -565,7 +594,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "disable_custom_all_reduce": disable_custom_all_reduce,
-            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps}
+            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
+            "engine_args": engine_args or {}}
     runs: list[ModelRun] = []
     for tp, name in ((tp, name) for tp in tps for name in names):
         spec["tp"] = tp
@@ -599,7 +629,7 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
             "disable_custom_all_reduce": disable_custom_all_reduce,
             "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
-            **env,
+            "engine_args": engine_args or {}, **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
 
@@ -636,9 +666,11 @@ def table(report: dict):
     runs = [ModelRun(**{**m, "points": [Point(**p) for p in m["points"]]})
             for m in report["models"]]
     bf16 = {r.label: r for r in runs if r.ok and r.kind == "bf16"}
+    extra = report.get("engine_args") or {}
     t = Table(title=f"bench-serve: {report['shape']}, {report['prompt_len']}-token prompts, "
                     f"{report['output_len']} generated, {report.get('device', '?')}, "
-                    f"vLLM {report.get('vllm', '?')}")
+                    f"vLLM {report.get('vllm', '?')}"
+                    + (f", engine {json.dumps(extra)}" if extra else ""))
     for c, j in (("model", "left"), ("weights GiB/GPU", "right"), ("batch", "right"),
                  ("tok/s", "right"), ("x bf16", "right"), ("TTFT ms", "right"),
                  ("ms/step", "right"), ("kernel", "left")):

@@ -154,6 +154,14 @@ def test_parse_batches_refuses(text):
         b.parse_batches(text)
 
 
+def test_engine_args_are_json_where_they_parse():
+    assert b.parse_engine_args(["async_scheduling=false", "max_num_partial_prefills=2",
+                                'compilation_config={"cudagraph_mode": "PIECEWISE"}',
+                                "kv_cache_dtype=fp8"]) == {
+        "async_scheduling": False, "max_num_partial_prefills": 2,
+        "compilation_config": {"cudagraph_mode": "PIECEWISE"}, "kv_cache_dtype": "fp8"}
+
+
 def test_parse_batches_sorts_and_dedups():
     assert b.parse_batches("64,1,16,1") == [1, 16, 64]
     assert b.parse_models("bf16,ternary,bf16") == ["bf16", "ternary"]
@@ -165,6 +173,9 @@ def test_parse_batches_sorts_and_dedups():
     (["--output-len", "0"], "--output-len 0: must be at least 1"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0: must be at least 1"),
     (["--profile-steps", "-1"], "--profile-steps -1: must be 0 (off) or more"),
+    (["--engine-arg", "async_scheduling"], "--engine-arg 'async_scheduling': write KEY=VALUE"),
+    (["--engine-arg", "tensor_parallel_size=2"], "tensor_parallel_size: bench-serve sets it "
+                                                 "itself; use --tp"),
 ])
 def test_cli_refusals(args, match, capsys):
     assert cli(["bench-serve", *args]) == 2
@@ -443,8 +454,8 @@ def test_bench_serve_on_vllm(tmp_path):
     out = tmp_path / "bench.json"
     rc = cli(["bench-serve", "--shape", "tiny", "--models", "ternary,bf16", "--batches", "1,4",
               "--prompt-len", "16", "--output-len", "8", "--repeats", "1", "--enforce-eager",
-              "--profile-steps", "3", "--work", str(tmp_path), "--json", str(out),
-              "--budget", "400"])
+              "--profile-steps", "3", "--engine-arg", "async_scheduling=false",
+              "--work", str(tmp_path), "--json", str(out), "--budget", "400"])
     report = json.loads(out.read_text())
     assert rc == 0, [m["error"] for m in report["models"]]
     by = {m["name"]: m for m in report["models"]}
@@ -454,6 +465,11 @@ def test_bench_serve_on_vllm(tmp_path):
         assert m["weights_gib"] and m["weights_gib"] > 0
     # every linear layer of the ternary model went through the plugin
     assert sum(by["ternary"]["kernels"].values()) == 2 * 4  # qkv, o, gate_up, down per layer
+    # --engine-arg reached the engine
+    assert report["engine_args"] == {"async_scheduling": False}
+    args_line = next(ln for ln in Path(by["ternary"]["log"]).read_text().splitlines()
+                     if "non-default args:" in ln)
+    assert "'async_scheduling': False" in args_line
     # --profile-steps: a real trace of each batch's decode steps, cut into categories
     for name, m in by.items():
         assert [p["batch"] for p in m["profiles"]] == [1, 4], m["profiles"]

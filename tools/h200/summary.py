@@ -103,8 +103,9 @@ def bench(r: dict) -> list[str]:
                          f"{p['tok_s'] / q['tok_s']:.2f}" if q else "", f"{p['ttft_ms']:.1f}",
                          f"{p['step_ms']:.2f}", kern])
     nccl = ", NCCL all-reduce (custom off)" if r.get("disable_custom_all_reduce") else ""
+    extra = f", engine {json.dumps(r['engine_args'])}" if r.get("engine_args") else ""
     out = rows(f"bench-serve {r['shape']}{nccl}: {r['prompt_len']}-token prompts, {r['output_len']} "
-               f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}",
+               f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}{extra}",
                ["model", "weights GiB/GPU", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
                data)
     for c in r.get("comparisons", []):
