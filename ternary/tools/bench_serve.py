@@ -87,11 +87,16 @@ def parse_batches(text: str) -> list[int]:
     return sorted(set(batches))
 
 
-# vllm.LLM arguments bench-serve sets from its own options
+# vllm.LLM arguments bench-serve sets from its own options (or needs as they are: its TTFT
+# comes from the engine's stats)
 OWN_ENGINE_ARGS = {"model": "--models and --shape", "tensor_parallel_size": "--tp",
                    "dtype": "--dtype", "load_format": "--models", "enforce_eager": "--enforce-eager",
                    "max_model_len": "--prompt-len and --output-len", "max_num_seqs": "--batches",
-                   "profiler_config": "--profile-steps", "seed": "--seed"}
+                   "profiler_config": "--profile-steps", "seed": "--seed",
+                   "gpu_memory_utilization": "--gpu-memory-utilization",
+                   "max_num_batched_tokens": "--max-num-batched-tokens",
+                   "disable_custom_all_reduce": "--disable-custom-all-reduce",
+                   "disable_log_stats": "nothing: TTFT is read from the engine's stats"}
 
 
 def parse_engine_args(items: list[str]) -> dict:
@@ -285,10 +290,13 @@ def worker(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     batches, plen, olen = spec["batches"], spec["prompt_len"], spec["output_len"]
+    steps = spec.get("profile_steps") or 0
+    delay = _profile_delay(max(batches), plen, spec.get("max_num_batched_tokens"))
     vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
     kwargs = {"model": spec["model_dir"], "dtype": spec["dtype"], "seed": 0,
               "load_format": spec["load_format"], "skip_tokenizer_init": True,
-              "max_model_len": plen + olen + 8, "max_num_seqs": max(batches),
+              "max_model_len": plen + max(olen, delay + steps + 8) + 8,
+              "max_num_seqs": max(batches),
               "enable_prefix_caching": False, "disable_log_stats": False,
               "enforce_eager": spec["eager"], "tensor_parallel_size": spec.get("tp", 1)}
     if spec.get("disable_custom_all_reduce"):
@@ -298,17 +306,17 @@ def worker(spec: dict) -> dict:
     kwargs.update(spec.get("engine_args") or {})
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = spec["gpu_memory_utilization"]
-    steps = spec.get("profile_steps") or 0
     trace_dir = Path(spec.get("trace_dir") or ".")
     if steps:
         trace_dir.mkdir(parents=True, exist_ok=True)
-        # two steps in (the batch's prefill and first decode), then `steps` steps; no stacks
-        # (they multiply the trace's size), no frontend (the engine's process is what counts)
+        # the profiler starts at the delay-th step after start_profile (vLLM's
+        # WorkerProfiler.step), past the batch's prefill steps; no stacks (they multiply the
+        # trace's size), no frontend (the engine's process is what counts)
         kwargs["profiler_config"] = {
             "profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
             "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True,
             "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
-            "delay_iterations": 2, "max_iterations": steps}
+            "delay_iterations": delay, "max_iterations": steps}
     t = time.monotonic()
     llm = LLM(**kwargs)
     result: dict = {"engine_s": time.monotonic() - t, "points": [], "facts": None,
@@ -361,13 +369,20 @@ def worker(spec: dict) -> dict:
             ttft_wall_ms=1000 * ttft_wall)))
         if steps:
             result.setdefault("profiles", []).append(
-                _profile(llm, trace_dir, b, steps, lambda n: generate(b, n, tag + 500)))
+                _profile(llm, trace_dir, b, delay + steps, lambda n: generate(b, n, tag + 500)))
     return result
 
 
+def _profile_delay(batch: int, prompt_len: int, max_num_batched_tokens: int | None) -> int:
+    """Engine steps to let pass before profiling: the prefill of `batch` prompts takes
+    ceil(tokens / max_num_batched_tokens) steps (8192 assumed where vLLM picks: its default for
+    a server, the LLM class's is larger), then one more so that the first is decode."""
+    return -(-batch * prompt_len // (max_num_batched_tokens or 8192)) + 1
+
+
 def _profile(llm, trace_dir: Path, batch: int, steps: int, generate) -> dict:
-    """decode_breakdown of `steps` decode steps at `batch` requests, or {"batch", "error"}:
-    the timings stand without it."""
+    """decode_breakdown of the decode steps at `batch` requests profiled within the first
+    `steps` of a generate(), or {"batch", "error"}: the timings stand without it."""
     from ternary.tools import step_profile
 
     before = set(trace_dir.glob("*.pt.trace.json*"))

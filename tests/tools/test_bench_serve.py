@@ -154,6 +154,13 @@ def test_parse_batches_refuses(text):
         b.parse_batches(text)
 
 
+def test_profiling_waits_past_every_prefill_step():
+    assert b._profile_delay(1, 128, None) == 2  # one prefill step, then the first decode
+    assert b._profile_delay(64, 128, None) == 2
+    assert b._profile_delay(256, 128, None) == 5  # 32768 tokens in 8192-token steps
+    assert b._profile_delay(256, 128, 16384) == 3
+
+
 def test_engine_args_are_json_where_they_parse():
     assert b.parse_engine_args(["async_scheduling=false", "max_num_partial_prefills=2",
                                 'compilation_config={"cudagraph_mode": "PIECEWISE"}',
@@ -176,6 +183,7 @@ def test_parse_batches_sorts_and_dedups():
     (["--engine-arg", "async_scheduling"], "--engine-arg 'async_scheduling': write KEY=VALUE"),
     (["--engine-arg", "tensor_parallel_size=2"], "tensor_parallel_size: bench-serve sets it "
                                                  "itself; use --tp"),
+    (["--engine-arg", "gpu_memory_utilization=0.5"], "use --gpu-memory-utilization"),
 ])
 def test_cli_refusals(args, match, capsys):
     assert cli(["bench-serve", *args]) == 2

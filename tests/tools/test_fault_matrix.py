@@ -124,6 +124,12 @@ only = args[args.index("--only") + 1]
 print(f"fault-matrix: row for {only}; {args[-1]}", file=sys.stderr, flush=True)
 if only == "worker":
     sys.exit(3)  # a matrix process that dies without its rows
+if only == "server":
+    print("not the rows")  # exits 0, but gives no rows: must not pass
+    sys.exit(0)
+if only == "streams":
+    import time
+    time.sleep(60)  # hangs: stopped at the matrix's time limit
 print(json.dumps([{"fault": f, "exit_code": 137, "seconds_to_exit": 0.5, "processes_left": 0,
                    "valid_lost": 0, "requests": 9, "expect_exit": "non-zero", "detail": "d",
                    "ok": True} for f in only.split(",")]))
@@ -156,3 +162,10 @@ def test_parallel_runs_each_group_in_its_own_process_and_merges_the_rows(tmp_pat
     share = (f"--server-args=--distributed-executor-backend mp --gpu-memory-utilization 0.30 "
              f"--kv-cache-memory-bytes {PARALLEL_KV_CACHE_BYTES}")
     assert sorted(said) == sorted(f"[{g}] row for {g}; {share}" for g in ("flood", "engine", "worker"))
+    # no rows with exit 0, and a group that hangs past the time limit: both fail
+    rows = fault_matrix.parallel(tmp_path, said.append, 60, ("server", "streams"), "bfloat16",
+                                 (), timeout_s=5)
+    assert [(r.fault, r.ok) for r in rows] == [("streams: the matrix process", False),
+                                               ("server: the matrix process", False)]
+    assert "ran past the matrix's time limit" in rows[0].detail
+    assert "exited 0 without its rows" in rows[1].detail

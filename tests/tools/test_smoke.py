@@ -231,6 +231,9 @@ def test_parallel_servers_on_a_gpu_get_a_fixed_kv_cache(monkeypatch, capsys):
     for args in seen:
         assert args[args.index("--gpu-memory-utilization") + 1] == "0.45"
         assert int(args[args.index("--kv-cache-memory-bytes") + 1]) == smoke.PARALLEL_KV_CACHE_BYTES
+    # a vLLM without the option (the 0.6 builds) gets the memory share alone
+    monkeypatch.setattr(smoke, "_vllm_takes", lambda option: False)
+    assert smoke.parallel_server_args(3) == ("--gpu-memory-utilization", "0.30")
 
 
 def test_ports_handed_out_are_never_repeated():

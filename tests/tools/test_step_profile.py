@@ -29,20 +29,25 @@ def _kernel(ts, dur, corr, name):
 def gpu_trace():
     """A prefill step, then three decode steps of 2 requests. Asynchronous scheduling: each
     step's kernels run while the next step's CPU range is open. Step 1 is a CUDA graph: one
-    launch, three kernels with its correlation id; two of them overlap (streams)."""
-    ev = [_step(0, 100, 2, 0), _launch(10, 1),
+    launch, three kernels with its correlation id, two of them overlapping (streams); its
+    sampling is launched after its annotation closed (vLLM annotates execute_model only).
+    Step 2 has a Triton kernel launched through the driver API."""
+    ev = [_launch(-50, 6), _kernel(0, 10, 6, "before the first step: dropped"),
+          _step(0, 100, 2, 0), _launch(10, 1),
           _kernel(50, 400, 1, "void ternary::fused::decode_kernel<128>(...)"),
-          _step(100, 100, 0, 2), _launch(110, 2, "cudaGraphLaunch"),
+          _step(100, 50, 0, 2), _launch(110, 2, "cudaGraphLaunch"),
           _kernel(500, 100, 2, "void ternary::(anonymous)::act_quant_kernel<bf16>(...)"),
           _kernel(600, 300, 2, "void ternary::fused::decode_kernel<16>(...)"),
           _kernel(650, 100, 2, "flash_fwd_splitkv_kernel<...>"),
-          _step(200, 100, 0, 2), _launch(210, 3), _launch(220, 4),
+          _launch(160, 7), _kernel(900, 20, 7, "void at::native::reduce_kernel<ArgMaxOps>"),
+          _step(200, 50, 0, 2), _launch(210, 3),
+          {**_launch(220, 4, "cuLaunchKernelEx"), "cat": "cuda_driver"},
+          _launch(230, 8),
           _kernel(1000, 200, 3, "void ternary::fused::decode_kernel<16>(...)"),
-          _kernel(1250, 50, 4, "nvjet_tst_128x64_64x8_1x2_h_bz_TNT"),  # lm_head (cuBLAS)
+          _kernel(1250, 50, 4, "triton_poi_fused_mul_silu_0"),
+          _kernel(1300, 50, 8, "nvjet_tst_128x64_64x8_1x2_h_bz_TNT"),  # lm_head (cuBLAS)
           _step(300, 100, 0, 2), _launch(310, 5),
-          _kernel(1400, 100, 5, "triton_red_fused_add_mean_mul_pow_rsqrt_0"),
-          # a kernel whose launch lies outside every step is not charged to one
-          _launch(5000, 6), _kernel(5000, 999, 6, "void ternary::fused::decode_kernel<16>(...)")]
+          _kernel(1400, 100, 5, "triton_red_fused_add_mean_mul_pow_rsqrt_0")]
     return {"traceEvents": [*ev, {"ph": "M", "name": "process_name"}]}
 
 
@@ -50,24 +55,26 @@ def test_kernels_go_to_the_step_that_launched_them():
     steps = sp.steps(gpu_trace())
     assert [(s.context, s.generation) for s in steps] == [(2, 0), (0, 2), (0, 2), (0, 2)]
     graph = steps[1]
-    assert (graph.start, graph.end) == (500, 900)
-    assert graph.busy_us == 400  # 500-600, 600-900; the overlapping 650-750 counted once
-    assert graph.by_category == {"int8 quantize": 100, "ternary GEMM": 300, "attention": 100}
-    assert steps[2].by_category == {"ternary GEMM": 200, "dense GEMM": 50}
+    assert (graph.start, graph.end) == (500, 920)
+    assert graph.busy_us == 420  # 500-900 (650-750 counted once), then the sampler's 20
+    assert graph.by_category == {"int8 quantize": 100, "ternary GEMM": 300, "attention": 100,
+                                 "sampler": 20}
+    assert steps[2].by_category == {"ternary GEMM": 200, "other": 50, "dense GEMM": 50}
     assert steps[3].by_category == {"norm": 100}
 
 
 def test_decode_breakdown_medians_periods_and_gaps():
     b = sp.decode_breakdown(gpu_trace(), batch=2, top=3)
-    # periods: 1000 - 500 and 1400 - 1000 (the last decode step has no successor)
-    assert b["steps"] == 3 and b["step_ms"] == pytest.approx(0.45)
-    assert b["busy_ms"] == pytest.approx(0.25)  # median of 400, 250, 100 us
-    assert b["host_gap_ms"] == pytest.approx(0.2)
-    assert b["categories_ms"]["ternary GEMM"] == pytest.approx(0.2)
-    assert b["categories_ms"]["sampler"] == 0
+    # the decode steps followed by another: periods 1000 - 500 and 1400 - 1000
+    assert b["steps"] == 2 and b["step_ms"] == pytest.approx(0.45)
+    assert b["busy_ms"] == pytest.approx(0.36)  # median of 420 and 300 us
+    assert b["host_gap_ms"] == pytest.approx(0.09)  # median of 80 and 100 us
+    assert b["categories_ms"]["ternary GEMM"] == pytest.approx(0.25)
+    assert b["categories_ms"]["sampler"] == pytest.approx(0.01)
+    assert b["categories_ms"]["norm"] == 0  # the last step's, which has no period
     top = b["top"][0]
     assert top["name"].startswith("void ternary::fused::decode_kernel<16>")
-    assert top["ms"] == pytest.approx(500 / 3 / 1000) and top["calls"] == pytest.approx(2 / 3)
+    assert top["ms"] == pytest.approx(0.25) and top["calls"] == pytest.approx(1)
 
 
 def test_cpu_operators_count_once_where_they_nest():
@@ -92,6 +99,8 @@ def test_cpu_operators_count_once_where_they_nest():
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "dense GEMM"),
     ("void vllm::rms_norm_kernel<c10::BFloat16>", "norm"),
     ("void at::native::(anonymous namespace)::cunn_SoftMaxForward", "sampler"),
+    ("void at::native::distribution_elementwise_grid_stride_kernel<normal_>", "sampler"),
+    ("flashinfer::sampling::TopKTopPSamplingFromProbKernel", "sampler"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "communication"),
     ("Memcpy HtoD (Pinned -> Device)", "copies"),
     ("triton_poi_fused_mul_silu_0", "other"),

@@ -16,7 +16,9 @@ BENCH_BATCHES=${BENCH_BATCHES:-1,16,64}
 BENCH_REPEATS=${BENCH_REPEATS:-3}
 BENCH_SHAPE=${BENCH_SHAPE:-llama2-7b}
 BENCH_PROFILE_STEPS=${BENCH_PROFILE_STEPS:-0}   # bench: profile this many decode steps a batch (0: off)
-BENCH_EXTRA=${BENCH_EXTRA:-}  # bench: more bench-serve options, split at spaces (--engine-arg async_scheduling=false)
+# bench: more bench-serve options, split at spaces, so JSON without them:
+#   BENCH_EXTRA='--engine-arg compilation_config={"cudagraph_mode":"PIECEWISE"}'
+BENCH_EXTRA=${BENCH_EXTRA:-}
 TP=${TP:-2}                                     # the tp-* stages: tensor parallel size
 TP_VALIDATE_DTYPES=${TP_VALIDATE_DTYPES:-float32,bfloat16}  # first one that runs is kept
 TP_BENCH_MODELS=${TP_BENCH_MODELS:-ternary,bf16}
@@ -295,11 +297,15 @@ stage_bench() {
   need vllm ternary || { record bench 1 0 "prerequisite missing (see above)"; return 1; }
   local l; l=$(( $(left) - 20 ))
   # bench-serve's own budget ends before the step's limit, so it writes its JSON itself
-  # shellcheck disable=SC2086  # BENCH_EXTRA: options, split at spaces
+  # shellcheck disable=SC2086  # BENCH_EXTRA: options, split at spaces (no globbing)
+  set -f
   run_step bench "$l" 150 "$VPY" -m ternary bench-serve --shape "$BENCH_SHAPE" \
     --work "$W/models" --logs "$W/bench-logs" --json "$W/results/bench.json" \
     --models "$BENCH_MODELS" --batches "$BENCH_BATCHES" --repeats "$BENCH_REPEATS" \
     --profile-steps "$BENCH_PROFILE_STEPS" --budget $(( l - 45 )) --timeout 300 $BENCH_EXTRA
+  local rc=$?
+  set +f
+  return $rc
 }
 
 # ---- tensor parallel (the nvidia-h200-x2 machine; tools/h200/README.md, "Two GPUs") ----
