@@ -295,7 +295,7 @@ def worker(spec: dict) -> dict:
     vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
     kwargs = {"model": spec["model_dir"], "dtype": spec["dtype"], "seed": 0,
               "load_format": spec["load_format"], "skip_tokenizer_init": True,
-              "max_model_len": plen + max(olen, delay + steps + 8) + 8,
+              "max_model_len": plen + max(olen, delay + steps + 9) + 8,
               "max_num_seqs": max(batches),
               "enable_prefix_caching": False, "disable_log_stats": False,
               "enforce_eager": spec["eager"], "tensor_parallel_size": spec.get("tp", 1)}
@@ -316,7 +316,8 @@ def worker(spec: dict) -> dict:
             "profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
             "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True,
             "torch_profiler_dump_cuda_time_total": False, "ignore_frontend": True,
-            "delay_iterations": delay, "max_iterations": steps}
+            # one step more than asked: the last one profiled has no period (no next start)
+            "delay_iterations": delay, "max_iterations": steps + 1}
     t = time.monotonic()
     llm = LLM(**kwargs)
     result: dict = {"engine_s": time.monotonic() - t, "points": [], "facts": None,
@@ -369,7 +370,8 @@ def worker(spec: dict) -> dict:
             ttft_wall_ms=1000 * ttft_wall)))
         if steps:
             result.setdefault("profiles", []).append(
-                _profile(llm, trace_dir, b, delay + steps, lambda n: generate(b, n, tag + 500)))
+                _profile(llm, trace_dir, b, delay + steps + 1,
+                         lambda n: generate(b, n, tag + 500)))
     return result
 
 

@@ -3,6 +3,8 @@
 # recorded and the next one still runs).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 W=${TERNARY_H200_WORK:-/tmp/ternary-h200}
+# the stages run their python from $W: a relative TERNARY_PY (the dry run's) is made absolute
+case ${TERNARY_PY:-/} in /*) ;; *) TERNARY_PY=$PWD/$TERNARY_PY ;; esac
 OUT=${OUT:-$W/out}
 BUDGET=${BUDGET:-540}
 T0=$(date +%s)
