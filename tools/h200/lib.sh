@@ -251,16 +251,21 @@ stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite
   return $rc
 }
 
-# compute-sanitizer memcheck and racecheck on bench/sanitize_fused.py with the sm_90a wheel
-stage_sanitize() {
-  need ternary || { record sanitize 1 0 "prerequisite missing (see above)"; return 1; }
-  local tool rc=0
+# sanitize PYTHON PREFIX: compute-sanitizer memcheck and racecheck on bench/sanitize_fused.py
+# with that python's wheel, as steps PREFIXmemcheck and PREFIXracecheck
+sanitize() {
+  local py=$1 prefix=$2 tool rc=0
   for tool in memcheck racecheck; do
-    run_step "$tool" 240 60 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$VPY" -P "$REPO/bench/sanitize_fused.py" || rc=1
-    tail -n 3 "$W/logs/$tool.log"
+    run_step "$prefix$tool" 240 60 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$py" -P "$REPO/bench/sanitize_fused.py" || rc=1
+    tail -n 3 "$W/logs/$prefix$tool.log"
   done
   return $rc
+}
+
+stage_sanitize() {  # the sm_90a wheel's
+  need ternary || { record sanitize 1 0 "prerequisite missing (see above)"; return 1; }
+  sanitize "$VPY" ""
 }
 
 stage_vllm_tests() {
@@ -506,7 +511,7 @@ PTX_ARCH=${PTX_ARCH:-8.0}
 PTX_STEPS=${PTX_STEPS:-test doctor sanitize bench smoke}
 PTX_SMOKE_FORMATS=${PTX_SMOKE_FORMATS:-ternary,bitnet-arch}
 stage_ptx() {
-  local tag=ptx${PTX_ARCH/./} step rc=0 tool wheel_failed=0
+  local tag=ptx${PTX_ARCH/./} step rc=0 wheel_failed=0
   local venvs=$W/venvs-$tag py=$W/venvs-$tag/h200-host/bin/python
   for step in $PTX_STEPS; do
     case $step in
@@ -523,11 +528,7 @@ stage_ptx() {
         run_step "$tag-doctor" 90 20 "$py" -P -m ternary doctor || rc=1
         grep -E "gpu0|ternary._C|kernel|JIT" "$W/logs/$tag-doctor.log" | head -20 ;;
       sanitize)
-        for tool in memcheck racecheck; do
-          run_step "$tag-$tool" 240 60 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-            "$py" -P "$REPO/bench/sanitize_fused.py" || rc=1
-          tail -n 3 "$W/logs/$tag-$tool.log"
-        done ;;
+        sanitize "$py" "$tag-" || rc=1 ;;
       bench)
         run_step "$tag-bench" 200 60 "$py" -P -m ternary bench --shapes tracked --no-gemlite \
           --settle "${KBENCH_SETTLE:-0.1}" --json "$W/results/$tag-bench.json" || rc=1
