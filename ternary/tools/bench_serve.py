@@ -717,10 +717,6 @@ def table(report: dict):
     return t
 
 
-PROFILE_COLUMNS = ("ternary GEMM", "int8 quantize", "dense GEMM", "attention", "norm",
-                   "sampler", "communication", "copies", "other")
-
-
 def profile_table(report: dict):
     """Where a decode step went, per model and batch size (ms a step), or None when no run
     was profiled."""
@@ -731,7 +727,9 @@ def profile_table(report: dict):
         return None
     t = Table(title="where a decode step goes (ms a step; busy: the GPU ran a kernel of the "
                     "step; host gap: it waited for the engine)")
-    for c in ("model", "batch", "steps", "step", "busy", "host gap", *PROFILE_COLUMNS):
+    # the categories as step_profile orders them (the keys of every profile's categories_ms)
+    cols = next((list(p["categories_ms"]) for _, p in rows if "categories_ms" in p), [])
+    for c in ("model", "batch", "steps", "step", "busy", "host gap", *cols):
         t.add_column(c, justify="left" if c == "model" else "right")
     for m, p in rows:
         label = run_label(m["name"], m.get("tp", 1))
@@ -741,7 +739,7 @@ def profile_table(report: dict):
         cats = p["categories_ms"]
         t.add_row(label, str(p["batch"]), str(p["steps"]), f"{p['step_ms']:.3f}",
                   f"{p['busy_ms']:.3f}", f"{p['host_gap_ms']:.3f}",
-                  *(f"{cats.get(c, 0.0):.3f}" for c in PROFILE_COLUMNS))
+                  *(f"{cats.get(c, 0.0):.3f}" for c in cols))
     return t
 
 

@@ -113,8 +113,9 @@ def bench(r: dict) -> list[str]:
         out.append(f"{c['run']} / {c['base']}: tok/s "
                    + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
                    + (f"; weights {w:.3f}x" if w is not None else ""))
-    cols = ("ternary GEMM", "int8 quantize", "dense GEMM", "attention", "norm", "sampler",
-            "copies", "other")
+    # the categories as ternary.tools.step_profile orders them, from the profiles themselves
+    cols = next((list(p["categories_ms"]) for m in r["models"] for p in m.get("profiles") or []
+                 if "categories_ms" in p), [])
     prof = []
     for m in r["models"]:
         for p in m.get("profiles") or []:
