@@ -56,6 +56,11 @@ def add_arguments(p) -> None:
                    help="a vllm.LLM argument for every model, VALUE as JSON where it parses "
                         "(repeatable): async_scheduling=false, "
                         "compilation_config='{\"cudagraph_mode\": \"PIECEWISE\"}'")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[;KEY=VALUE]",
+                   help="also run every model with these vllm.LLM arguments, as a run labelled "
+                        "MODEL@NAME right after its run with vLLM's defaults, compared with it "
+                        "(repeatable): sync:async_scheduling=false, "
+                        "piecewise:compilation_config='{\"cudagraph_mode\": \"PIECEWISE\"}'")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prepare-only", action="store_true",
                    help="write the models and stop (to write them in an earlier device call)")
@@ -80,6 +85,7 @@ def run(args) -> int:
         batches = b.parse_batches(args.batches)
         tps = b.parse_tps(args.tp)
         engine_args = b.parse_engine_args(args.engine_arg)
+        variants = b.parse_variants(args.variant)
         for flag, v in (("--prompt-len", args.prompt_len), ("--output-len", args.output_len),
                         ("--repeats", args.repeats),
                         ("--max-num-batched-tokens", args.max_num_batched_tokens)):
@@ -138,7 +144,8 @@ def run(args) -> int:
                          args.gpu_memory_utilization, args.seed, err.log, tps=tps,
                          disable_custom_all_reduce=args.disable_custom_all_reduce,
                          max_num_batched_tokens=args.max_num_batched_tokens,
-                         profile_steps=args.profile_steps, engine_args=engine_args)
+                         profile_steps=args.profile_steps, engine_args=engine_args,
+                         variants=variants)
     except OSError as e:  # the models or logs could not be written
         err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
                   f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")

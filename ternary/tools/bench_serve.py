@@ -119,6 +119,31 @@ def parse_engine_args(items: list[str]) -> dict:
     return out
 
 
+VARIANT_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+
+
+def parse_variants(items: list[str]) -> dict[str, dict]:
+    """--variant NAME:KEY=VALUE[;KEY=VALUE...] items: engine arguments (parse_engine_args)
+    that every model also runs with, as a run of its own labelled model@NAME, next to the
+    run with vLLM's defaults (and --engine-arg). NAME -> its arguments, in the order given."""
+    out: dict[str, dict] = {}
+    for item in items:
+        name, sep, rest = item.partition(":")
+        if not sep or not VARIANT_NAME.fullmatch(name) or re.fullmatch(r"tp[0-9]+", name) \
+                or "ternary" in name or "bf16" in name:
+            raise BenchError(f"--variant {item!r}: write NAME:KEY=VALUE[;KEY=VALUE...], NAME "
+                             f"lower-case letters, digits, - or _ (not tpN, not a model's "
+                             f"name), e.g. sync:async_scheduling=false")
+        if name in out:
+            raise BenchError(f"--variant {name}: given twice; give each variant one name")
+        args = parse_engine_args([a for a in rest.split(";") if a.strip()])
+        if not args:
+            raise BenchError(f"--variant {item!r}: no KEY=VALUE after {name}: (the run with "
+                             f"vLLM's defaults is always there; a variant changes something)")
+        out[name] = args
+    return out
+
+
 def parse_tps(text: str) -> list[int]:
     """--tp: tensor-parallel sizes, comma-separated (each model runs at every one)."""
     try:
@@ -170,17 +195,18 @@ class ModelRun:
     profiles: list[dict] = dataclasses.field(default_factory=list)  # step_profile.decode_breakdown
 
     tp: int = 1
+    variant: str = ""  # a --variant's name; "" is vLLM's defaults (with --engine-arg)
 
     def point(self, batch: int) -> Point | None:
         return next((p for p in self.points if p.batch == batch), None)
 
     @property
     def label(self) -> str:
-        return run_label(self.name, self.tp)
+        return run_label(self.name, self.tp, self.variant)
 
 
-def run_label(name: str, tp: int) -> str:
-    return name if tp == 1 else f"{name}@tp{tp}"
+def run_label(name: str, tp: int, variant: str = "") -> str:
+    return name + (f"@{variant}" if variant else "") + (f"@tp{tp}" if tp != 1 else "")
 
 
 # ---------------------------------------------------------------------------------------
@@ -552,9 +578,10 @@ def run_model(name: str, model_dir: Path, load_format: str, layers: int, logs: P
     """One model at spec["tp"] in its own process (`command` + the spec file; tests pass
     stand-ins); never raises for the model's own failures."""
     kind = MODELS[name][0]
-    tp = spec.get("tp", 1)
-    run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager, tp=tp)
-    tag = f"{run_label(name, tp)}{'-eager' if eager else ''}"
+    tp, variant = spec.get("tp", 1), spec.get("variant", "")
+    run = ModelRun(name, kind, layers, str(model_dir), load_format, eager=eager, tp=tp,
+                   variant=variant)
+    tag = f"{run.label}{'-eager' if eager else ''}"
     log_path, spec_path, out_path = (logs / f"{tag}.log", logs / f"{tag}.spec.json",
                                      logs / f"{tag}.result.json")
     out_path.unlink(missing_ok=True)
@@ -599,11 +626,15 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           say=print, command: list[str] | None = None, tps: list[int] | None = None,
           disable_custom_all_reduce: bool = False,
           max_num_batched_tokens: int | None = None, profile_steps: int = 0,
-          engine_args: dict | None = None) -> dict:
-    """Runs every model at every tensor-parallel size of `tps` (default [1]) within
-    `budget_s` seconds in all; returns the report. max_num_batched_tokens None keeps vLLM's
-    default (0.26 on an H200: 16384 for the LLM class, which its profiling run takes at once)."""
+          engine_args: dict | None = None, variants: dict[str, dict] | None = None) -> dict:
+    """Runs every model at every tensor-parallel size of `tps` (default [1]) and under
+    vLLM's defaults and then each of `variants` (parse_variants) within `budget_s` seconds
+    in all; returns the report. A model's variants run back to back, so what drifts on the
+    machine between engines moves them least against each other. max_num_batched_tokens
+    None keeps vLLM's default (0.26 on an H200: 16384 for the LLM class, which its
+    profiling run takes at once)."""
     tps = tps or [1]
+    variants = variants or {}
     deadline = time.monotonic() + budget_s
     logs.mkdir(parents=True, exist_ok=True)
     models = prepare_models(work, shape_name, names, seed, say)
@@ -614,14 +645,17 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
             "engine_args": engine_args or {}}
     runs: list[ModelRun] = []
-    for tp, name in ((tp, name) for tp in tps for name in names):
-        spec["tp"] = tp
-        label = run_label(name, tp)
+    for tp, name, variant in ((tp, name, v) for tp in tps for name in names
+                              for v in ("", *variants)):
+        spec["tp"], spec["variant"] = tp, variant
+        spec["engine_args"] = {**(engine_args or {}), **variants.get(variant, {})}
+        label = run_label(name, tp, variant)
         spec["trace_dir"] = str(logs / f"{label}-traces")
         model_dir, load_format, layers = models[name]
         left = deadline - time.monotonic()
         if left < MIN_MODEL_S:
-            r = ModelRun(name, MODELS[name][0], layers, str(model_dir), load_format, tp=tp)
+            r = ModelRun(name, MODELS[name][0], layers, str(model_dir), load_format, tp=tp,
+                         variant=variant)
             r.error = (f"not run: {left:.0f} s of the {budget_s:.0f} s budget left, under the "
                        f"{MIN_MODEL_S} s an engine needs to start (raise --budget)")
             runs.append(r)
@@ -646,25 +680,30 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
             "disable_custom_all_reduce": disable_custom_all_reduce,
             "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
-            "engine_args": engine_args or {}, **env,
+            "engine_args": engine_args or {}, "variants": variants, **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
 
 
 def comparisons(runs: list[ModelRun], batches: list[int]) -> list[dict]:
-    """Ternary against bf16 of the same depth and tensor-parallel size, and every model at
-    tensor parallel N against itself at 1: tokens/s ratio per batch, weights (per GPU)
-    ratio. Rows name runs by label ("ternary@tp2")."""
+    """Ternary against bf16 of the same depth, tensor-parallel size and variant; every model
+    at tensor parallel N against itself at 1; every variant against the same model under
+    vLLM's defaults: tokens/s ratio per batch, weights (per GPU) ratio. Rows name runs by
+    label ("ternary@tp2", "ternary@sync")."""
     by = {r.label: r for r in runs if r.ok}
-    pairs = [(run_label(t, tp), run_label(d, tp)) for tp in sorted({r.tp for r in runs})
+    pairs = [(run_label(t, tp, v), run_label(d, tp, v))
+             for tp in sorted({r.tp for r in runs})
+             for v in dict.fromkeys(r.variant for r in runs)
              for t, d in (("ternary", "bf16"), ("ternary-a8", "bf16"),
                           ("ternary-1layer", "bf16-1layer"))]
-    pairs += [(r.label, r.name) for r in runs if r.ok and r.tp > 1]
+    pairs += [(r.label, run_label(r.name, 1, r.variant)) for r in runs if r.ok and r.tp > 1]
+    pairs += [(r.label, run_label(r.name, r.tp)) for r in runs if r.ok and r.variant]
     out = []
     for a, base in pairs:
         if a not in by or base not in by:
             continue
-        against = "bf16" if by[base].kind != by[a].kind else "tp1"
+        against = ("bf16" if by[base].kind != by[a].kind
+                   else "tp1" if by[a].tp != by[base].tp else "defaults")
         row = {"run": a, "base": base, "against": against, "tok_s_ratio": {},
                "weights_ratio": None}
         for b in batches:
@@ -684,10 +723,12 @@ def table(report: dict):
             for m in report["models"]]
     bf16 = {r.label: r for r in runs if r.ok and r.kind == "bf16"}
     extra = report.get("engine_args") or {}
+    variants = report.get("variants") or {}
     t = Table(title=f"bench-serve: {report['shape']}, {report['prompt_len']}-token prompts, "
                     f"{report['output_len']} generated, {report.get('device', '?')}, "
                     f"vLLM {report.get('vllm', '?')}"
-                    + (f", engine {json.dumps(extra)}" if extra else ""))
+                    + (f", engine {json.dumps(extra)}" if extra else "")
+                    + "".join(f"; @{n}: {json.dumps(a)}" for n, a in variants.items()))
     for c, j in (("model", "left"), ("weights GiB/GPU", "right"), ("batch", "right"),
                  ("tok/s", "right"), ("x bf16", "right"), ("TTFT ms", "right"),
                  ("ms/step", "right"), ("kernel", "left")):
@@ -732,7 +773,7 @@ def profile_table(report: dict):
     for c in ("model", "batch", "steps", "step", "busy", "host gap", *cols):
         t.add_column(c, justify="left" if c == "model" else "right")
     for m, p in rows:
-        label = run_label(m["name"], m.get("tp", 1))
+        label = run_label(m["name"], m.get("tp", 1), m.get("variant", ""))
         if "error" in p:
             t.add_row(label, str(p["batch"]), "-", f"[red]{p['error'][:100]}")
             continue
@@ -755,6 +796,9 @@ def summary_lines(report: dict) -> list[str]:
             lines.append(f"{c['run']} against {c['base']} (tensor parallel 1): tok/s "
                          + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items())
                          + (f"; weights per GPU {w:.3f}x" if w is not None else ""))
+        elif c["against"] == "defaults":
+            lines.append(f"{c['run']} against {c['base']} (vLLM's defaults): tok/s "
+                         + ", ".join(f"b{b} {x:.2f}x" for b, x in c["tok_s_ratio"].items()))
     # A one-layer model's step is almost all engine: scheduling, sampling, lm_head and the
     # launch of each layer. The fastest one bounds what any kernel can reach per step.
     one = [(p["step_ms"], m["name"], p["batch"]) for m in report["models"]

