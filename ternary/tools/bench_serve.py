@@ -129,11 +129,11 @@ def parse_variants(items: list[str]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for item in items:
         name, sep, rest = item.partition(":")
-        if not sep or not VARIANT_NAME.fullmatch(name) or re.fullmatch(r"tp[0-9]+", name) \
-                or "ternary" in name or "bf16" in name:
+        # tpN would read as a tensor-parallel size in the run's label (run_label)
+        if not sep or not VARIANT_NAME.fullmatch(name) or re.fullmatch(r"tp[0-9]+", name):
             raise BenchError(f"--variant {item!r}: write NAME:KEY=VALUE[;KEY=VALUE...], NAME "
-                             f"lower-case letters, digits, - or _ (not tpN, not a model's "
-                             f"name), e.g. sync:async_scheduling=false")
+                             f"lower-case letters, digits, - or _ (not tpN), e.g. "
+                             f"sync:async_scheduling=false")
         if name in out:
             raise BenchError(f"--variant {name}: given twice; give each variant one name")
         args = parse_engine_args([a for a in rest.split(";") if a.strip()])
@@ -642,8 +642,7 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "disable_custom_all_reduce": disable_custom_all_reduce,
-            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
-            "engine_args": engine_args or {}}
+            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps}
     runs: list[ModelRun] = []
     for tp, name, variant in ((tp, name, v) for tp in tps for name in names
                               for v in ("", *variants)):
@@ -722,6 +721,8 @@ def table(report: dict):
     runs = [ModelRun(**{**m, "points": [Point(**p) for p in m["points"]]})
             for m in report["models"]]
     bf16 = {r.label: r for r in runs if r.ok and r.kind == "bf16"}
+    # each ternary run's bf16 twin, as comparisons() paired them
+    twin = {c["run"]: c["base"] for c in report.get("comparisons", []) if c["against"] == "bf16"}
     extra = report.get("engine_args") or {}
     variants = report.get("variants") or {}
     t = Table(title=f"bench-serve: {report['shape']}, {report['prompt_len']}-token prompts, "
@@ -742,8 +743,7 @@ def table(report: dict):
         if not r.ok:
             t.add_row(r.label, gib, "-", "[red]failed", "", "", "", r.error.splitlines()[0][:80])
             continue
-        base = (bf16.get(r.label.replace("ternary-a8", "bf16").replace("ternary", "bf16"))
-                if r.kind in ("ternary", "ternary-a8") else None)
+        base = bf16.get(twin.get(r.label, ""))
         for i, p in enumerate(r.points):
             ratio = ""
             if base and base.point(p.batch):

@@ -87,6 +87,8 @@ def tp_validate(r: dict) -> list[str]:
 
 def bench(r: dict) -> list[str]:
     base = {label(m): m for m in r["models"] if m["ok"] and m["kind"] == "bf16"}
+    # each ternary run's bf16 twin, as bench_serve.comparisons paired them
+    twin = {c["run"]: c["base"] for c in r.get("comparisons", []) if c["against"] == "bf16"}
     data = []
     for m in r["models"]:
         gib = "-" if m.get("weights_gib") is None else f"{m['weights_gib']:.3g}"
@@ -96,7 +98,7 @@ def bench(r: dict) -> list[str]:
         if not m["ok"]:
             data.append([label(m), gib, "-", "FAILED", "", "", "", m["error"].splitlines()[0][:60]])
             continue
-        ref = base.get(label(m).replace("ternary", "bf16")) if m["kind"] == "ternary" else None
+        ref = base.get(twin.get(label(m), ""))
         for p in m["points"]:
             q = next((x for x in ref["points"] if x["batch"] == p["batch"]), None) if ref else None
             data.append([label(m), gib, p["batch"], f"{p['tok_s']:,.0f}",
