@@ -67,8 +67,12 @@ for dtype in (torch.bfloat16, torch.float16):
         torch.cuda.synchronize()
         if not torch.isfinite(y).all():
             sys.exit(f"non-finite output m={m} n={n} k={k} g={g} {dtype}")
-# W1.58A8: per-token quantize, then int8 tensor cores (csrc/gemm_a8.cu): M, N and K off the
-# 64 x 64 x 64 tile (K a multiple of 4 only), channel and tensor scales, bias, int32 sums
+# W1.58A8: per-token quantize, then int8 tensor cores (csrc/gemm_a8.cu, gemm_a8_tc.cu and, on
+# an sm_90a build, fused/wgmma_a8.cu at every M): M, N and K off the tiles (K a multiple of 4
+# only), channel and tensor scales, bias, int32 sums
+from ternary import _ext  # noqa: E402
+
+WGMMA_A8 = _ext.a8_wgmma_compiled(torch.cuda.current_device())
 for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200, 1000),
                 (129, 63, 2052), (300, 300, 96), (257, 260, 640)):
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
@@ -82,7 +86,10 @@ for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200,
                                     torch.int32)),
             ("gemm_a8_repacked", ops.gemm_a8_repacked(xq, sx, repacked, n,
                                                       torch.ones(n, device="cuda"), None,
-                                                      torch.int32))):
+                                                      torch.int32)),
+            *((("gemm_a8_wgmma", ops.gemm_a8_wgmma(xq, sx, repacked, n,
+                                                   torch.ones(n, device="cuda"), None,
+                                                   torch.int32)),) if WGMMA_A8 else ())):
         if not torch.equal(acc.double(), want):
             sys.exit(f"{name} int32 sums wrong m={m} n={n} k={k}")
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -90,7 +97,8 @@ for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200,
         bias = torch.randn(n, dtype=dtype, device="cuda")
         y = ops.gemm_a8(xq, sx, packed, scale, bias, dtype)
         y2 = ops.gemm_a8_repacked(xq, sx, repacked, n, scale, bias, dtype)
+        y3 = ops.gemm_a8_wgmma(xq, sx, repacked, n, scale, bias, dtype) if WGMMA_A8 else y
         torch.cuda.synchronize()
-        if not torch.isfinite(y).all() or not torch.equal(y, y2):
+        if not torch.isfinite(y).all() or not torch.equal(y, y2) or not torch.equal(y, y3):
             sys.exit(f"gemm_a8 / gemm_a8_repacked output wrong m={m} n={n} k={k} {dtype}")
 print("sanitize workload done")

@@ -40,6 +40,21 @@ cudaError_t launch_gemm_a8_repacked(const int8_t* xq, const float* s, const uint
                                     int64_t m, int64_t n, int64_t k, bool per_tensor,
                                     cudaStream_t stream);
 
+// The same on Hopper's int8 wgmma (fused/wgmma_a8.cu, sm_90a builds only;
+// gemm_a8_wgmma_compiled says whether the device loaded that image): x_q first goes through
+// launch_a8_permute into xp [m, gemm_a8_wgmma_kp(k)] (the kernel's k order, zero padded) and
+// rsum [m] (its row sums); then launch_gemm_a8_wgmma. xp and repacked 16-byte aligned.
+bool gemm_a8_wgmma_compiled();
+int64_t gemm_a8_wgmma_kp(int64_t k);
+cudaError_t launch_a8_permute(const int8_t* xq, int64_t ldq, int64_t k, int8_t* xp, int32_t* rsum,
+                              int64_t m, cudaStream_t stream);
+cudaError_t launch_gemm_a8_wgmma(const int8_t* xp, const float* s, const int32_t* rsum,
+                                 const uint8_t* repacked, const float* scale, const void* bias,
+                                 void* y, A8Out out, int64_t m, int64_t n, int64_t k,
+                                 bool per_tensor, cudaStream_t stream);
+// gemm_a8_repacked takes the wgmma kernel from this many rows where it is compiled
+constexpr int64_t kA8WgmmaMinM = 128;
+
 // Fused path (fused/). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout
 // common/layout.cuh describes; launch_repack writes it from the canonical packed [n, k/4].
 cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,

@@ -491,23 +491,58 @@ at::Tensor gemm_a8_cuda(const at::Tensor& xq, const at::Tensor& s, const at::Ten
 
 // ternary::gemm_a8_repacked (gemm_a8_tc.cu): gemm_a8 from the repacked tiles
 // [ceil(N/32), ceil(K/64), 512] of an N x K weight, K from xq.
-at::Tensor gemm_a8_repacked_cuda(const at::Tensor& xq, const at::Tensor& s,
-                                 const at::Tensor& repacked, int64_t n, const at::Tensor& scale,
-                                 const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+// The wgmma kernel's two launches: x_q into its k order with the row sums, then the GEMM.
+void run_gemm_a8_wgmma(const at::Tensor& xq, const at::Tensor& s, const at::Tensor& repacked,
+                       const at::Tensor& scale, const at::Tensor& bias, at::Tensor& y, A8Out out,
+                       int64_t m, int64_t n, int64_t k, bool per_tensor) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor xp = at::empty({m, gemm_a8_wgmma_kp(k)}, xq.options());
+  at::Tensor rs = at::empty({m}, xq.options().dtype(at::kInt));
+  check_cuda(launch_a8_permute(xq.data_ptr<int8_t>(), xq.stride(0), k, xp.data_ptr<int8_t>(),
+                               rs.data_ptr<int32_t>(), m, stream),
+             msg("gemm_a8_wgmma's x_q permute (m=", m, ", k=", k, ")"));
+  check_cuda(launch_gemm_a8_wgmma(xp.data_ptr<int8_t>(), s.data_ptr<float>(), rs.data_ptr<int32_t>(),
+                                  repacked.data_ptr<uint8_t>(), scale.data_ptr<float>(),
+                                  bias.defined() ? bias.data_ptr() : nullptr, y.data_ptr(), out, m,
+                                  n, k, per_tensor, stream),
+             msg("gemm_a8_wgmma (m=", m, ", n=", n, ", k=", k, ")"));
+}
+
+// force_wgmma: ternary::gemm_a8_wgmma (the Hopper kernel at every M, refused elsewhere);
+// otherwise gemm_a8_repacked, which takes it from kA8WgmmaMinM rows where it is compiled.
+at::Tensor gemm_a8_repacked_impl(const char* op, bool force_wgmma, const at::Tensor& xq,
+                                 const at::Tensor& s, const at::Tensor& repacked, int64_t n,
+                                 const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                                 at::ScalarType out_dtype) {
   TORCH_CHECK_VALUE(xq.scalar_type() == at::kChar && xq.dim() == 2,
-      msg("gemm_a8_repacked takes xq int8 [M, K]; got ", xq.scalar_type(), " ", xq.sizes()));
+      msg(op, " takes xq int8 [M, K]; got ", xq.scalar_type(), " ", xq.sizes()));
   const int64_t m = xq.size(0), k = xq.size(1);
   TORCH_CHECK_VALUE(n >= 0 && k % 4 == 0 && repacked.scalar_type() == at::kByte &&
                     repacked.dim() == 3 && repacked.size(0) == (n + 31) / 32 &&
                     repacked.size(1) == (k + 63) / 64 && repacked.size(2) == 512,
-      msg("gemm_a8_repacked: repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64,
+      msg(op, ": repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64,
           ", 512] for n=", n, " and xq's k=", k, " (a multiple of 4); got ",
           repacked.scalar_type(), " ", repacked.sizes()));
-  const A8Out out = check_a8_args("gemm_a8_repacked", xq, s, repacked, scale, bias, out_dtype, n);
+  const A8Out out = check_a8_args(op, xq, s, repacked, scale, bias, out_dtype, n);
   const c10::cuda::CUDAGuard guard(xq.device());
+  const bool compiled = gemm_a8_wgmma_compiled();
+  TORCH_CHECK(!force_wgmma || compiled,
+      msg(op, " runs only where ternary._C has sm_90a code and the GPU is a 9.0 one (the wgmma "
+          "kernel); ", xq.device(), " loaded another image: use gemm_a8_repacked"));
+  const bool wgmma = compiled && (force_wgmma || m >= kA8WgmmaMinM);
   at::Tensor y = at::empty({m, n}, xq.options().dtype(out_dtype));
   if (m == 0 || n == 0) return y;
   if (k == 0) return bias ? y.copy_(bias->expand({m, n})) : y.zero_();  // empty sums: 0 + bias
+  at::Tensor rc = repacked.contiguous();
+  if (reinterpret_cast<uintptr_t>(rc.data_ptr()) % 16) rc = rc.clone();
+  const at::Tensor sc = s.contiguous(), wc = scale.contiguous();
+  at::Tensor bc;
+  if (bias) bc = bias->contiguous();
+  if (wgmma) {  // (its permute pass reads x_q rows at any stride and alignment)
+    run_gemm_a8_wgmma(xq.stride(1) == 1 ? xq : xq.contiguous(), sc, rc, wc, bc, y, out, m, n, k,
+                      scale.size(0) == 1 && n != 1);
+    return y;
+  }
   // x rows travel in 16-byte pieces: k padded with zeros to a multiple of 16 (the tiles hold
   // w = 0 there), rows from a 16-byte aligned start
   const int64_t kp = (k + 15) / 16 * 16;
@@ -518,18 +553,27 @@ at::Tensor gemm_a8_repacked_cuda(const at::Tensor& xq, const at::Tensor& s,
   } else if (reinterpret_cast<uintptr_t>(xc.data_ptr()) % 16) {
     xc = xc.clone();
   }
-  at::Tensor rc = repacked.contiguous();
-  if (reinterpret_cast<uintptr_t>(rc.data_ptr()) % 16) rc = rc.clone();
-  const at::Tensor sc = s.contiguous(), wc = scale.contiguous();
-  at::Tensor bc;
-  if (bias) bc = bias->contiguous();
   check_cuda(launch_gemm_a8_repacked(xc.data_ptr<int8_t>(), sc.data_ptr<float>(),
                                      rc.data_ptr<uint8_t>(), wc.data_ptr<float>(),
                                      bias ? bc.data_ptr() : nullptr, y.data_ptr(), out, m, n, kp,
                                      scale.size(0) == 1 && n != 1,
                                      at::cuda::getCurrentCUDAStream()),
-             msg("gemm_a8_repacked (m=", m, ", n=", n, ", k=", k, ", out ", out_dtype, ")"));
+             msg(op, " (m=", m, ", n=", n, ", k=", k, ", out ", out_dtype, ")"));
   return y;
+}
+
+at::Tensor gemm_a8_repacked_cuda(const at::Tensor& xq, const at::Tensor& s,
+                                 const at::Tensor& repacked, int64_t n, const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+  return gemm_a8_repacked_impl("gemm_a8_repacked", false, xq, s, repacked, n, scale, bias,
+                               out_dtype);
+}
+
+// ternary::gemm_a8_wgmma: gemm_a8_repacked's Hopper kernel at every M (tests and bench)
+at::Tensor gemm_a8_wgmma_cuda(const at::Tensor& xq, const at::Tensor& s,
+                              const at::Tensor& repacked, int64_t n, const at::Tensor& scale,
+                              const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+  return gemm_a8_repacked_impl("gemm_a8_wgmma", true, xq, s, repacked, n, scale, bias, out_dtype);
 }
 
 }  // namespace
@@ -547,6 +591,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("quantize_act_int8", &quantize_act_int8_cuda);
   m.impl("gemm_a8", &gemm_a8_cuda);
   m.impl("gemm_a8_repacked", &gemm_a8_repacked_cuda);
+  m.impl("gemm_a8_wgmma", &gemm_a8_wgmma_cuda);
 }
 
 }  // namespace ternary
@@ -583,5 +628,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["splits"] = splits;
     d["persistent"] = persistent;
     return d;
+  });
+  // The int8 kernel ternary::gemm_a8_repacked runs for m rows on that device: "wgmma_a8"
+  // (Hopper, sm_90a image loaded, m >= kA8WgmmaMinM) or "mma_a8" (gemm_a8_tc.cu)
+  m.def("a8_route", [](int64_t m, int64_t device) {
+    const int64_t devices = c10::cuda::device_count();
+    TORCH_CHECK(m >= 0 && device >= 0 && device < devices,
+                ternary::msg("a8_route takes m >= 0 and a device index below ", devices,
+                             "; got m=", m, " device=", device));
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const bool wgmma = ternary::gemm_a8_wgmma_compiled();
+    return std::string(wgmma && m >= ternary::kA8WgmmaMinM ? "wgmma_a8" : "mma_a8");
+  });
+  m.def("a8_wgmma_compiled", [](int64_t device) {
+    const int64_t devices = c10::cuda::device_count();
+    TORCH_CHECK(device >= 0 && device < devices,
+                ternary::msg("a8_wgmma_compiled takes a device index below ", devices, "; got ",
+                             device));
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return ternary::gemm_a8_wgmma_compiled();
   });
 }

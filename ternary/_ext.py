@@ -85,6 +85,18 @@ def fused_route(m: int, n: int, k: int, group_size: int = 0, device: int = 0) ->
     return str(fused_plan(m, n, k, group_size, device)["route"])
 
 
+def a8_route(m: int, device: int = 0) -> str:
+    """The kernel ternary::gemm_a8_repacked runs for m rows on `device`: "wgmma_a8" (Hopper's
+    int8 wgmma, sm_90a builds, from m = 128) or "mma_a8" (mma.sync). Needs ternary._C."""
+    return str(require().a8_route(m, device))  # type: ignore[attr-defined]
+
+
+def a8_wgmma_compiled(device: int = 0) -> bool:
+    """Whether ternary::gemm_a8_wgmma can run on `device` (its sm_90a image is the one the
+    device loaded). Needs ternary._C."""
+    return bool(require().a8_wgmma_compiled(device))  # type: ignore[attr-defined]
+
+
 def fused_plan(m: int, n: int, k: int, group_size: int = 0, device: int = 0) -> dict:
     """fused_route with the tile of its tensor-core kernels: {"route", "tokens" (a block; 0
     off wgmma_rs / wgmma_big), "splits" (K split)}. Needs ternary._C."""

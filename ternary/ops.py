@@ -48,6 +48,10 @@ LIB.define("gemm_a8(Tensor xq, Tensor s, Tensor packed, Tensor scale, Tensor? bi
 # The same from the fused kernels' repacked weight (the copy linear_fused reads), n channels.
 LIB.define("gemm_a8_repacked(Tensor xq, Tensor s, Tensor repacked, int n, Tensor scale, "
            "Tensor? bias, ScalarType out_dtype) -> Tensor")
+# gemm_a8_repacked's Hopper kernel (int8 wgmma, sm_90a builds) at every M; gemm_a8_repacked
+# takes it from M = 128 where it is compiled.
+LIB.define("gemm_a8_wgmma(Tensor xq, Tensor s, Tensor repacked, int n, Tensor scale, "
+           "Tensor? bias, ScalarType out_dtype) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -434,6 +438,7 @@ LIB.impl("linear_fused", _linear_fused_ref, "CompositeExplicitAutograd")
 LIB.impl("quantize_act_int8", _quantize_act_int8_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_a8", _gemm_a8_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_a8_repacked", _gemm_a8_repacked_ref, "CompositeExplicitAutograd")
+LIB.impl("gemm_a8_wgmma", _gemm_a8_repacked_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -513,6 +518,12 @@ def _gemm_a8_repacked_fake(xq, s, repacked, n, scale, bias, out_dtype):
     return xq.new_empty((m, n), dtype=out_dtype)
 
 
+@_register_fake("ternary::gemm_a8_wgmma")
+def _gemm_a8_wgmma_fake(xq, s, repacked, n, scale, bias, out_dtype):
+    m, n, _ = check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+    return xq.new_empty((m, n), dtype=out_dtype)
+
+
 @_register_fake("ternary::quantize_act_int8")
 def _quantize_act_int8_fake(x, out_dtype):
     check_quantize_act(x, out_dtype)
@@ -565,10 +576,21 @@ def gemm_a8_repacked(xq: torch.Tensor, s: torch.Tensor, repacked: torch.Tensor, 
                      scale: torch.Tensor, bias: torch.Tensor | None = None,
                      out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """gemm_a8 from the fused kernels' repacked weight of n channels (repack(packed)), the
-    copy a layer already holds for linear_fused: bit for bit the same result. CUDA: 128 x 128
-    tiles, x through a cp.async ring (csrc/gemm_a8_tc.cu)."""
+    copy a layer already holds for linear_fused: bit for bit the same result. CUDA: from M = 128
+    on Hopper with an sm_90a build, gemm_a8_wgmma; otherwise mma.sync in 128 x 128 tiles, x
+    through a cp.async ring (csrc/gemm_a8_tc.cu); _ext.a8_route names the one a call takes."""
     check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
     return torch.ops.ternary.gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+
+
+def gemm_a8_wgmma(xq: torch.Tensor, s: torch.Tensor, repacked: torch.Tensor, n: int,
+                  scale: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """gemm_a8_repacked on Hopper's int8 wgmma at every M (csrc/fused/wgmma_a8.cu): the same
+    result bit for bit. CUDA only where ternary._C's sm_90a image runs (a 9.0 GPU;
+    _ext.a8_wgmma_compiled), refused by name elsewhere; the PyTorch reference on the CPU."""
+    check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
+    return torch.ops.ternary.gemm_a8_wgmma(xq, s, repacked, n, scale, bias, out_dtype)
 
 
 def repack(packed: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""ternary::gemm_a8 and gemm_a8_repacked, W1.58A8 on int8 tensor cores (csrc/gemm_a8.cu from
-the canonical packed weight, csrc/gemm_a8_tc.cu from the fused kernels' repacked tiles).
+"""ternary::gemm_a8, gemm_a8_repacked and gemm_a8_wgmma, W1.58A8 on int8 tensor cores
+(csrc/gemm_a8.cu from the canonical packed weight, csrc/gemm_a8_tc.cu from the fused kernels'
+repacked tiles, csrc/fused/wgmma_a8.cu the same tiles on Hopper's int8 wgmma, which
+gemm_a8_repacked takes from M = 128 on an sm_90a build).
 
 CPU: the PyTorch reference's integer sums against int64 arithmetic written here, its
 epilogue against float64, the fake kernel and the argument errors.
@@ -27,10 +29,19 @@ REL = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}
 EPI = 2**-22
 SHAPES = ((1, 1, 4), (1, 37, 68), (3, 64, 64), (5, 65, 132), (16, 129, 260), (17, 96, 1000),
           (64, 2560, 2560), (100, 3840, 2560), (257, 63, 6912), (1024, 131, 516),
-          (4096, 200, 128), (16384, 72, 96))
+          (4096, 200, 128), (16384, 72, 96), (300, 600, 1000), (640, 1100, 1088))
 
 
-IMPLS = ("canonical", "repacked")
+IMPLS = ("canonical", "repacked", "wgmma")
+
+
+def _need(impl):
+    """Skips the wgmma kernel where it does not run (not an sm_90a image on a 9.0 GPU)."""
+    if impl == "wgmma":
+        from ternary import _ext
+
+        if not _ext.a8_wgmma_compiled(torch.cuda.current_device()):
+            pytest.skip("gemm_a8_wgmma needs an sm_90a build on a 9.0 GPU")
 
 
 def _weight(impl, packed):
@@ -44,6 +55,8 @@ def _gemm(impl, xq, s, packed, scale, bias=None, out_dtype=torch.bfloat16, weigh
     weight = _weight(impl, packed) if weight is None else weight
     if impl == "canonical":
         return ops.gemm_a8(xq, s, weight, scale, bias, out_dtype)
+    if impl == "wgmma":
+        return ops.gemm_a8_wgmma(xq, s, weight, packed.shape[0], scale, bias, out_dtype)
     return ops.gemm_a8_repacked(xq, s, weight, packed.shape[0], scale, bias, out_dtype)
 
 
@@ -158,6 +171,7 @@ def _poison(shape, dtype):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_cuda_int32_sums_bit_exact(m, n, k, impl):
+    _need(impl)
     _rng(m * 7 + n)
     (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
     weight = _weight(impl, packed)
@@ -175,6 +189,7 @@ def test_cuda_int32_sums_bit_exact(m, n, k, impl):
 @pytest.mark.parametrize("dtype", OUT)
 @pytest.mark.parametrize("m,n,k", SHAPES[::2] + SHAPES[1::4])
 def test_cuda_epilogue(m, n, k, dtype, impl):
+    _need(impl)
     rng = _rng(m + k)
     per_tensor = rng.random() < 0.3
     with_bias = rng.random() < 0.6
@@ -202,16 +217,17 @@ def test_cuda_errors_name_the_argument():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLS)
-def test_cuda_graph_capture_replay(impl):
+@pytest.mark.parametrize("m", (33, 300))
+def test_cuda_graph_capture_replay(impl, m):
+    _need(impl)
     _rng()
-    m, n, k = 33, 130, 2564
+    n, k = 130, 2564
     (xq, s, packed, scale, bias), codes = _case(m, n, k, "cuda", False, torch.bfloat16)
     repacked = ops.repack(packed)
 
     def call():
-        if impl == "canonical":
-            return ops.gemm_a8(xq, s, packed, scale, bias)
-        return ops.gemm_a8_repacked(xq, s, repacked, n, scale, bias)
+        return _gemm(impl, xq, s, packed, scale, bias, torch.bfloat16, weight=repacked
+                     if impl != "canonical" else packed)
 
     call()  # warm up outside the capture
     torch.cuda.synchronize()
@@ -231,6 +247,7 @@ def test_cuda_graph_capture_replay(impl):
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLS)
 def test_cuda_torch_compile_quantize_then_gemm(impl):
+    _need(impl)
     _rng()
     n, k = 96, 1028
     codes = torch.randint(-1, 2, (n, k), dtype=torch.int8)
@@ -241,6 +258,8 @@ def test_cuda_torch_compile_quantize_then_gemm(impl):
         xq, s = ops.quantize_act_int8(x, torch.int8)
         if impl == "canonical":
             return ops.gemm_a8(xq, s, packed, scale, None, torch.bfloat16)
+        if impl == "wgmma":
+            return ops.gemm_a8_wgmma(xq, s, repacked, n, scale, None, torch.bfloat16)
         return ops.gemm_a8_repacked(xq, s, repacked, n, scale, None, torch.bfloat16)
 
     compiled = torch.compile(layer, fullgraph=True, dynamic=True)
@@ -275,7 +294,11 @@ def test_cuda_empty_k_gives_the_bias():
     packed = torch.zeros(5, 0, dtype=torch.uint8, device="cuda")
     scale = torch.ones(5, device="cuda")
     bias = torch.randn(5, device="cuda").to(torch.bfloat16)
+    from ternary import _ext
+
     for impl in IMPLS:
+        if impl == "wgmma" and not _ext.a8_wgmma_compiled(torch.cuda.current_device()):
+            continue
         assert torch.equal(_gemm(impl, xq, s, packed, scale, bias, torch.bfloat16),
                            bias.expand(3, 5)), impl
         assert not _gemm(impl, xq, s, packed, scale, None, torch.float32).any(), impl
@@ -302,11 +325,13 @@ def test_repacked_refuses_tiles_of_another_shape_by_name():
 
 
 @pytest.mark.gpu
-def test_cuda_repacked_takes_strided_and_offset_x():
+@pytest.mark.parametrize("m", (70, 200))
+def test_cuda_repacked_takes_strided_and_offset_x(m):
     """x rows that are a column slice of a wider tensor, and a start past 16-byte alignment:
-    the op copies them to the aligned, k-padded rows the kernel reads."""
+    the op copies them to the aligned, k-padded rows the kernel reads (m = 200: the wgmma
+    kernel's permute pass reads them where it runs)."""
     _rng()
-    m, n, k = 70, 96, 260
+    n, k = 96, 260
     (xq, s, packed, scale, _), codes = _case(m, n, k, "cuda")
     wide = torch.randint(-128, 128, (m, k + 12), dtype=torch.int8, device="cuda")
     wide[:, 4:4 + k] = xq
@@ -338,3 +363,19 @@ def test_cuda_repacked_op_checks_its_arguments_without_the_python_wrapper():
     ]:
         with pytest.raises((ValueError, RuntimeError), match=pattern):
             op(*args)
+
+
+@pytest.mark.gpu
+def test_cuda_a8_route_and_wgmma_refusal():
+    """gemm_a8_repacked's route: mma.sync below M = 128, the wgmma kernel from there where it
+    is compiled; gemm_a8_wgmma elsewhere is refused by name, not run on the wrong image."""
+    from ternary import _ext
+
+    dev = torch.cuda.current_device()
+    compiled = _ext.a8_wgmma_compiled(dev)
+    assert _ext.a8_route(1, dev) == "mma_a8" and _ext.a8_route(127, dev) == "mma_a8"
+    assert _ext.a8_route(128, dev) == ("wgmma_a8" if compiled else "mma_a8")
+    if not compiled:
+        (xq, s, packed, scale, _), _ = _case(4, 40, 132, "cuda")
+        with pytest.raises(RuntimeError, match="gemm_a8_wgmma runs only where ternary._C has sm_90a"):
+            ops.gemm_a8_wgmma(xq, s, ops.repack(packed), 40, scale)

@@ -46,8 +46,8 @@ M_VALUES = (1, 4, 16, 64, 256, 1024, 4096)
 SETTLE_S = 0.25  # idle seconds before each timing; the clock was back at 1.95 GHz within 0.1 s
 WINDOW_MS = 20.0  # GPU time a timing may take: before the power limiter (burst_trace.py)
 MIN_REPLAYS = 3
-METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "a8_tc", "a8_tc_rp", "int_mm",
-           "gemlite")
+METHODS = ("fused", "auto", "cublas_path", "cublas_dense", "a8", "a8_tc", "a8_tc_rp", "a8_wg",
+           "int_mm", "gemlite")
 
 
 @dataclass
@@ -237,6 +237,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
             meta["gemlite"] = gl.__version__
         except Exception as e:  # noqa: BLE001 (any gemlite failure is reported, not fatal)
             meta["gemlite_error"] = f"{type(e).__name__}: {e}"
+    a8_wgmma = _ext.a8_wgmma_compiled(device.index or 0)
     rows: list[Row] = []
     fused = kernels.FusedKernel()
     platform = kernels.detect_platform()
@@ -285,6 +286,11 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                 cases["a8_tc_rp"] = [lambda p=p, s=s, x=x, n=n: ops.gemm_a8_repacked(
                     *ops.quantize_act_int8(x, torch.int8), p.repacked, n, s, None, dtype)
                     for p, s in zip(prepared, scales)]
+                # ... and its Hopper kernel, int8 wgmma, at every M (sm_90a builds on a 9.0 GPU)
+                if a8_wgmma:
+                    cases["a8_wg"] = [lambda p=p, s=s, x=x, n=n: ops.gemm_a8_wgmma(
+                        *ops.quantize_act_int8(x, torch.int8), p.repacked, n, s, None, dtype)
+                        for p, s in zip(prepared, scales)]
                 # cuBLASLt int8 (int32 out) on the dense int8 codes, with the same epilogue;
                 # torch._int_mm takes M > 16 and K, N multiples of 8 only (checked here: a
                 # refusal inside a graph capture would break the capture)
@@ -337,15 +343,17 @@ def render(result: dict) -> None:
     a8 = any(r["us"].get("a8") for r in result["rows"])
     tc = any(r["us"].get("a8_tc") for r in result["rows"])
 
-    def best_tc(us):  # the faster int8 tensor-core kernel of the row
-        v = [us[key] for key in ("a8_tc", "a8_tc_rp") if us.get(key)]
+    wg = any(r["us"].get("a8_wg") for r in result["rows"])
+
+    def best_tc(us):  # the fastest int8 tensor-core kernel of the row
+        v = [us[key] for key in ("a8_tc", "a8_tc_rp", "a8_wg") if us.get(key)]
         return min(v) if v else None
 
     for col in ("K x N", "M", "fused (kernel)", "auto (policy)", "cuBLAS bf16", "dequant+mm",
                 "gemlite", "x cuBLAS", "x gemlite", "floor us", "floor %",
                 *(("A8 route", "A8 x cuBLAS") if a8 else ()),
-                *(("A8 TC 64", "A8 TC 128", "int_mm A8", "TC x cuBLAS", "TC x int_mm")
-                  if tc else ())):
+                *(("A8 TC 64", "A8 TC 128", *(("A8 wgmma",) if wg else ()), "int_mm A8",
+                   "TC x cuBLAS", "TC x int_mm") if tc else ())):
         t.add_column(col, justify="right", no_wrap=col in ("K x N", "M"))
 
     def f(v):
@@ -364,7 +372,8 @@ def render(result: dict) -> None:
                   f"{100 * floor / au:.0f}" if au else "-",
                   *((f(us.get("a8")), f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-")
                     if a8 else ()),
-                  *((f(us.get("a8_tc")), f(us.get("a8_tc_rp")), f(us.get("int_mm")),
+                  *((f(us.get("a8_tc")), f(us.get("a8_tc_rp")),
+                     *((f(us.get("a8_wg")),) if wg else ()), f(us.get("int_mm")),
                      _ratio(cb, best_tc(us)), _ratio(us.get("int_mm"), best_tc(us))) if tc else ()))
     # the int8 tensor-core columns do not fit 160 characters without folding every cell
     console = Console(width=220 if tc else 160)
@@ -373,8 +382,10 @@ def render(result: dict) -> None:
                   "2-bit bandwidth floor, (c) where the bf16 compute floor is larger")
     if tc:
         console.print("A8 TC 64 / 128: quantize + ternary::gemm_a8 (int8 tensor cores, 64-token "
-                      "tiles, canonical weight) / gemm_a8_repacked (128 x 128 tiles, the fused "
-                      "kernel's weight); TC x: the faster of the two; int_mm A8: quantize + "
+                      "tiles, canonical weight) / gemm_a8_repacked (the fused kernel's weight: "
+                      "mma.sync 128 x 128 tiles, the wgmma kernel from M = 128 on Hopper)"
+                      + ("; A8 wgmma: gemm_a8_wgmma (int8 wgmma, 128 x 256 tiles) at every M"
+                         if wg else "") + "; TC x: the fastest of them; int_mm A8: quantize + "
                       "torch._int_mm (cuBLASLt int8) on the dense int8 codes + the same epilogue "
                       "('-' where it refuses the shape, M <= 16)")
     if a8:
