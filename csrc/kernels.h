@@ -40,11 +40,13 @@ cudaError_t launch_gemm_a8_repacked(const int8_t* xq, const float* s, const uint
                                     int64_t m, int64_t n, int64_t k, bool per_tensor,
                                     cudaStream_t stream);
 
-// The same on Hopper's int8 wgmma (fused/wgmma_a8.cu, sm_90a builds only;
-// gemm_a8_wgmma_compiled says whether the device loaded that image): x_q first goes through
+// Whether the current device loaded the library's sm_90a image (fused/route.cu): the
+// wgmma kernels' bodies exist only there.
+bool sm90a_image_loaded();
+// The same on Hopper's int8 wgmma (fused/wgmma_a8.cu, sm_90a builds only, where
+// sm90a_image_loaded): x_q first goes through
 // launch_a8_permute into xp [m, gemm_a8_wgmma_kp(k)] (the kernel's k order, zero padded) and
 // rsum [m] (its row sums); then launch_gemm_a8_wgmma. xp and repacked 16-byte aligned.
-bool gemm_a8_wgmma_compiled();
 int64_t gemm_a8_wgmma_kp(int64_t k);
 cudaError_t launch_a8_permute(const int8_t* xq, int64_t ldq, int64_t k, int8_t* xp, int32_t* rsum,
                               int64_t m, cudaStream_t stream);

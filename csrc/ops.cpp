@@ -525,7 +525,7 @@ at::Tensor gemm_a8_repacked_impl(const char* op, bool force_wgmma, const at::Ten
           repacked.scalar_type(), " ", repacked.sizes()));
   const A8Out out = check_a8_args(op, xq, s, repacked, scale, bias, out_dtype, n);
   const c10::cuda::CUDAGuard guard(xq.device());
-  const bool compiled = gemm_a8_wgmma_compiled();
+  const bool compiled = sm90a_image_loaded();
   TORCH_CHECK(!force_wgmma || compiled,
       msg(op, " runs only where ternary._C has sm_90a code and the GPU is a 9.0 one (the wgmma "
           "kernel); ", xq.device(), " loaded another image: use gemm_a8_repacked"));
@@ -637,7 +637,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 ternary::msg("a8_route takes m >= 0 and a device index below ", devices,
                              "; got m=", m, " device=", device));
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const bool wgmma = ternary::gemm_a8_wgmma_compiled();
+    const bool wgmma = ternary::sm90a_image_loaded();
     return std::string(wgmma && m >= ternary::kA8WgmmaMinM ? "wgmma_a8" : "mma_a8");
   });
   m.def("a8_wgmma_compiled", [](int64_t device) {
@@ -646,6 +646,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                 ternary::msg("a8_wgmma_compiled takes a device index below ", devices, "; got ",
                              device));
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    return ternary::gemm_a8_wgmma_compiled();
+    return ternary::sm90a_image_loaded();
   });
 }

@@ -375,6 +375,10 @@ def test_cuda_a8_route_and_wgmma_refusal():
     compiled = _ext.a8_wgmma_compiled(dev)
     assert _ext.a8_route(1, dev) == "mma_a8" and _ext.a8_route(127, dev) == "mma_a8"
     assert _ext.a8_route(128, dev) == ("wgmma_a8" if compiled else "mma_a8")
+    with pytest.raises(RuntimeError, match="a8_route takes m >= 0 .* got m=-1"):
+        _ext.a8_route(-1, dev)
+    with pytest.raises(RuntimeError, match="a8_wgmma_compiled takes a device index below"):
+        _ext.a8_wgmma_compiled(torch.cuda.device_count())
     if not compiled:
         (xq, s, packed, scale, _), _ = _case(4, 40, 132, "cuda")
         with pytest.raises(RuntimeError, match="gemm_a8_wgmma runs only where ternary._C has sm_90a"):

@@ -24,7 +24,7 @@ int64_t wgmma_big_workspace_floats(int splits, int64_t split_tiles, int bnx) {
 
 // Its shared array exists only in the sm_90a image, so cudaFuncGetAttributes (no launch, no
 // sync: safe while a graph is captured) tells which image the device loaded.
-__global__ void wgmma_rs_probe_kernel(int* out) {
+__global__ void sm90a_probe_kernel(int* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __shared__ int mark[256];
   mark[threadIdx.x] = (int)threadIdx.x;
@@ -33,14 +33,16 @@ __global__ void wgmma_rs_probe_kernel(int* out) {
 #endif
 }
 
-bool wgmma_rs_compiled() {
+}  // namespace TERNARY_TU
+
+bool sm90a_image_loaded() {
   static std::atomic<int> state[64];  // per device: 0 unknown, 1 no, 2 yes
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
   int v = state[dev].load(std::memory_order_relaxed);
   if (v == 0) {
     cudaFuncAttributes a{};
-    const bool yes = cudaFuncGetAttributes(&a, wgmma_rs_probe_kernel) == cudaSuccess &&
+    const bool yes = cudaFuncGetAttributes(&a, sm90a_probe_kernel) == cudaSuccess &&
                      a.sharedSizeBytes >= 1024;
     (void)cudaGetLastError();
     v = yes ? 2 : 1;
@@ -48,6 +50,8 @@ bool wgmma_rs_compiled() {
   }
   return v == 2;
 }
+
+inline namespace TERNARY_TU {
 
 // wgmma_rs's plan: 128 tokens with K split until the grid is about one wave (at M = 128 on
 // 11008 x 4096 that takes a quarter less time than no split; docs/kernels.md). Below M = 97 it pays
@@ -61,7 +65,7 @@ struct WgmmaRsPlan {
 };
 WgmmaRsPlan wgmma_rs_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
   WgmmaRsPlan p;
-  if (group_size != 0 || m < 65 || m > 128 || k < kTileK || !wgmma_rs_compiled()) return p;
+  if (group_size != 0 || m < 65 || m > 128 || k < kTileK || !sm90a_image_loaded()) return p;
   const int64_t nb = (n + 127) / 128, kt = k / kTileK;
   if (nb >= num_sms) return p;  // (wgmma_big's)
   int s = 1;
@@ -152,7 +156,7 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
     }
     // Grids past a wave at M 33-48 take this route too: with rows g + 8 decoded in place the
     // wgmma_big loop is short enough to beat fused_gemm_nt there (docs/kernels.md).
-    if (2 * blocks * s >= num_sms && k >= kTileK && wgmma_rs_compiled() &&
+    if (2 * blocks * s >= num_sms && k >= kTileK && sm90a_image_loaded() &&
         tensor_map_encoder() != nullptr) {
       WgmmaRsPlan p{bnx, s, 0};
       const int64_t rest = blocks % num_sms;

@@ -24,7 +24,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -91,17 +90,6 @@ a8_permute_kernel(const int8_t* __restrict__ xq, int64_t ldq, int64_t k, int8_t*
     if (threadIdx.x == 0) rsum[row] = red[0] + red[1] + red[2] + red[3];
     __syncthreads();
   }
-}
-
-// The sm_90a image has this shared array, others not: cudaFuncGetAttributes (no launch, safe
-// while a graph is captured) tells which image the device loaded.
-__global__ void a8_wgmma_probe_kernel(int* out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ int mark[256];
-  mark[threadIdx.x] = (int)threadIdx.x;
-  __syncthreads();
-  if (out) *out = mark[255 - threadIdx.x];
-#endif
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -375,22 +363,6 @@ cudaError_t launch_typed(const int8_t* xp, int64_t kp, const float* s, const int
 }
 
 }  // namespace TERNARY_TU
-
-bool gemm_a8_wgmma_compiled() {
-  static std::atomic<int> state[64];  // per device: 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  int v = state[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    cudaFuncAttributes a{};
-    const bool yes = cudaFuncGetAttributes(&a, a8_wgmma_probe_kernel) == cudaSuccess &&
-                     a.sharedSizeBytes >= 1024;
-    (void)cudaGetLastError();
-    v = yes ? 2 : 1;
-    state[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
-}
 
 int64_t gemm_a8_wgmma_kp(int64_t k) { return (k + kTileK - 1) / kTileK * kTileK; }
 

@@ -18,7 +18,7 @@
 //   bytes); A of step kt + 1 is decoded while wgmma(kt) runs.
 // - Small grids split K (gridDim.z): each split stores its fp32 part in a workspace, and a
 //   second kernel sums the parts in a fixed order (deterministic) and adds the bias.
-// The body compiles only for sm_90a; wgmma_rs_compiled() (route.cu) tells the host whether the
+// The body compiles only for sm_90a; sm90a_image_loaded() (route.cu) tells the host whether the
 // loaded image has it.
 #pragma once
 
