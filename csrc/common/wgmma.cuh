@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/async.cuh"
+#include "common/epilogue.cuh"
 #include "common/layout.cuh"
 #include "dtype.cuh"
 
@@ -199,7 +200,9 @@ __device__ __forceinline__ void wg_finish(float (&d)[BNX / 2], uint32_t (&a)[2][
 // d[4 j .. 4 j + 3], scaled, is float4 j * kBigConsumers + tid of the tile's BNX x 128
 // floats, so each warp store writes 512 whole bytes (wgmma_big_finish_kernel maps them back
 // to tokens and channels). Written element by element at their (token, channel) places, the
-// parts would take 18.6 % of the warp samples at M = 64 with K split 4.
+// parts would take 18.6 % of the warp samples at M = 64 with K split 4. scale null
+// (ternary::linear_a8's): the parts stay integer sums (hi_mul, a power of two, taken out), so
+// their sum is exact and the finish kernel applies gemm_a8's epilogue once.
 template <int BNX>
 __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
                                               int tid, int ch0, int n, const float* scale,
@@ -212,8 +215,8 @@ __device__ __forceinline__ void wg_store_part(float (&d)[BNX / 2], uint32_t (&a)
   float sc[2];
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi)
-    sc[hi] = ch0 + 8 * hi < n ? scale[per_tensor ? 0 : ch0 + 8 * hi] * (hi ? hi_mul : 1.f)
-                              : 0.f;
+    sc[hi] = ch0 + 8 * hi >= n ? 0.f
+             : (scale ? scale[per_tensor ? 0 : ch0 + 8 * hi] : 1.f) * (hi ? hi_mul : 1.f);
   float4* p4 = reinterpret_cast<float4*>(part) + tid;
 #pragma unroll
   for (int j = 0; j < BNX / 8; ++j)
@@ -237,13 +240,15 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
 // still holds; 16-byte chunk c of a row sits at c ^ (token % 8), so the 8 rows of one
 // stmatrix fall in different banks. The shared memory it overwrites must first be done with
 // by both warpgroups' wgmma. wait_raw: first wait for this thread's cp.async groups (those
-// kernels whose rings the tile overlaps, or that end here).
+// kernels whose rings the tile overlaps, or that end here). srow: ternary::linear_a8's per-row
+// s (x the integer-valued x_q), null for activation none (common/epilogue.cuh).
 template <typename T, int BNX>
 __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)[2][4][4],
                                               int wg, int warp, int lane, int m0, int cb0,
                                               int m, int n, const float* scale, bool per_tensor,
                                               const T* bias, uint32_t shalf, const uint8_t* ghalf,
-                                              T* y, float hi_mul = 1.f, bool wait_raw = true) {
+                                              T* y, float hi_mul = 1.f, bool wait_raw = true,
+                                              const float* srow = nullptr) {
   if (wait_raw) cp_async_wait<0>();
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
   wg_pin(a[0]);
@@ -261,13 +266,20 @@ __device__ __forceinline__ void wg_store_tile(float (&d)[BNX / 2], uint32_t (&a)
   // matrix q of stmatrix x4: channels 8 (q % 2) + 0..7 of this warp, tokens 8 (2 jj + q / 2)
   // + 0..7; lane 8 q + i gives the address of token row i
   const int q = lane >> 3, i = lane & 7, c = 2 * warp + (q & 1);
+  // d[4 j + 2 hi + e] is token 8 j + 2 t + e; its s (rows past m read row m - 1's, unstored)
+  const int t2 = 2 * (lane & 3);
+  const bool has_bias = bias != nullptr;
+  auto out = [&](float acc, int hi, int tok) {
+    return epilogue(acc, sc[hi], b[hi], has_bias, srow, min(m0 + tok, m - 1));
+  };
 #pragma unroll
   for (int jj = 0; jj < BNX / 16; ++jj) {
     uint32_t r[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const int j = 2 * jj + (p >> 1), hi = p & 1;
-      r[p] = pack2<T>(d[4 * j + 2 * hi] * sc[hi] + b[hi], d[4 * j + 2 * hi + 1] * sc[hi] + b[hi]);
+      r[p] = pack2<T>(out(d[4 * j + 2 * hi], hi, 8 * j + t2),
+                      out(d[4 * j + 2 * hi + 1], hi, 8 * j + t2 + 1));
     }
     const int tk = 8 * (2 * jj + (q >> 1)) + i;
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(

@@ -11,6 +11,7 @@
 #include "common/async.cuh"
 #include "common/decode.cuh"
 #include "common/layout.cuh"
+#include "common/epilogue.cuh"
 #include "common/mma.cuh"
 #include "dtype.cuh"
 #include "fused/launchers.h"
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(512, MINB)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
-                    bool per_tensor) {
+                    bool per_tensor, const float* __restrict__ srow) {
   constexpr int kAcc = NT * 2 * NB * 4;  // a lane's accumulators (the tree sum's floats)
   if (ABL & 16) kt_count = 0;
   // [nwarps / 2][kAcc][32 lanes] floats for the tree sum, then the weight rings
@@ -231,7 +232,8 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
           const float s = Dec<T>::kUnscale * ((e >> 1) ? kRowHiUnscale : 1.f) *
                           (SE ? se[j][hb][e >> 1] : per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
-          y[(int64_t)row * n + col] = from_float<T>(acc[j][hb][nb][e] * s + b);
+          y[(int64_t)row * n + col] =
+              from_float<T>(epilogue(acc[j][hb][nb][e], s, b, bias, srow, row));
         }
     }
 }
@@ -248,7 +250,8 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 template <typename T, int S, int NB, int NT, int ABL, int XS, bool SE>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps) {
+                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps,
+                          const float* srow) {
   if (m > 8 * NB || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int kt_count = (int)(k / kTileK);
@@ -285,7 +288,7 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   }
   kernel<<<(unsigned)blocks, nwarps * 32, bytes, stream>>>(
       (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
+      (int)m, (int)n, kt_count, (int)nt_count, per_tensor, srow);
   return cudaGetLastError();
 }
 
@@ -294,7 +297,7 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
 #define TERNARY_INST_DECODE(T, S, NB, NT, XS)                                                   \
   template cudaError_t launch_decode<T, S, NB, NT, 0, XS, true>(                                \
       const void*, int64_t, const uint8_t*, const float*, const void*, void*, int64_t, int64_t, \
-      int64_t, bool, int, cudaStream_t, int);
+      int64_t, bool, int, cudaStream_t, int, const float*);
 #define TERNARY_INST_DECODE_ROUTE(T)                                                            \
   TERNARY_INST_DECODE(T, 4, 1, 1, 1) /* kDecode */                                              \
   TERNARY_INST_DECODE(T, 4, 1, 2, 1) /* kDecodePair */                                          \

@@ -18,7 +18,7 @@ namespace ternary {
       int64_t, int64_t, bool, int, cudaStream_t);                                             \
   template cudaError_t launch_gemm_nt<T, 1, 2, 4, true>(                                      \
       const void*, int64_t, const uint8_t*, const float*, const void*, void*, int64_t, int64_t, \
-      int64_t, bool, int, cudaStream_t, int);
+      int64_t, bool, int, cudaStream_t, int, const float*);
 TERNARY_INST_GEMM(__half)
 TERNARY_INST_GEMM(__nv_bfloat16)
 #undef TERNARY_INST_GEMM

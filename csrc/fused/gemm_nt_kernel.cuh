@@ -14,6 +14,7 @@
 #include "common/decode.cuh"
 #include "common/launch.cuh"
 #include "common/layout.cuh"
+#include "common/epilogue.cuh"
 #include "common/mma.cuh"
 #include "dtype.cuh"
 #include "fused/launchers.h"
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(256, 1)
 fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                      const float* __restrict__ scale, const T* __restrict__ bias,
                      T* __restrict__ y, int m, int n, int kt_count, int nt_count,
-                     bool per_tensor) {
+                     bool per_tensor, const float* __restrict__ srow) {
   constexpr int kAcc = MT * NT * 16;  // a lane's accumulators
   // The weight rings [nwarps][S][NT][32 lanes] uint4; after the main loop the same memory
   // holds the tree sum's [nwarps / 2][kAcc][32 lanes] floats.
@@ -142,9 +143,12 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
 #pragma unroll
         for (int a = 0; a < MT; ++a) {
           const int row = m0 + a * 16 + g;
-          if (row < m) y[(int64_t)row * n + col] = from_float<T>(acc[a][j][f][e] * s + b);
+          if (row < m)
+            y[(int64_t)row * n + col] =
+                from_float<T>(epilogue(acc[a][j][f][e], s, b, bias, srow, row));
           if (row + 8 < m)
-            y[(int64_t)(row + 8) * n + col] = from_float<T>(acc[a][j][f][2 + e] * s + b);
+            y[(int64_t)(row + 8) * n + col] =
+                from_float<T>(epilogue(acc[a][j][f][2 + e], s, b, bias, srow, row + 8));
         }
       }
 }
@@ -157,7 +161,8 @@ fused_gemm_nt_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restri
 template <typename T, int MT, int NT, int S, bool PF>
 cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps) {
+                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps,
+                           const float* srow) {
   if (m > INT32_MAX - 64 || n > INT32_MAX - 64 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
   const int kt_count = (int)(k / kTileK);
@@ -192,7 +197,7 @@ cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, 
   }
   kernel<<<dim3((unsigned)mb, (unsigned)nb), nwarps * 32, smem, stream>>>(
       (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      (int)m, (int)n, kt_count, (int)nt_count, per_tensor);
+      (int)m, (int)n, kt_count, (int)nt_count, per_tensor, srow);
   return cudaGetLastError();
 }
 

@@ -23,12 +23,17 @@ cudaError_t launch_fused(const void* x, int64_t ldx, const uint8_t* repacked, co
 template <typename T, int MT, int NT, int S, bool PF>
 cudaError_t launch_gemm_nt(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                            const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0);
+                           bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0,
+                           const float* srow = nullptr);
 // fused_decode_kernel (decode_kernel.cuh)
 template <typename T, int S, int NB, int NT, int ABL = 0, int XS = 0, bool SE = false>
 cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
                           const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0);
+                          bool per_tensor, int num_sms, cudaStream_t stream, int nwarps = 0,
+                          const float* srow = nullptr);
+// srow (decode and gemm_nt): null for activation none; for int8_per_token, x is the
+// integer-valued x_q and srow its per-row scale s, and the epilogue is gemm_a8's
+// (common/epilogue.cuh).
 // fused_wgmma_rs2_kernel (wgmma_rs_kernel.cuh)
 template <typename T, int BNX>
 cudaError_t launch_wgmma_rs(const void* x, int64_t ldx, const uint8_t* repacked, const float* scale,
@@ -39,7 +44,7 @@ template <typename T, int BNX, int S, int ABL = 0>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
                              int64_t k, bool per_tensor, int splits, int64_t tail, float* ws,
-                             int num_sms, cudaStream_t stream);
+                             int num_sms, cudaStream_t stream, const float* srow = nullptr);
 
 inline namespace TERNARY_TU {
 

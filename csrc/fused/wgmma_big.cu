@@ -11,7 +11,7 @@ namespace ternary {
 #define TERNARY_INST_WGMMA_BIG(T, BNX, S)                                                     \
   template cudaError_t launch_wgmma_big<T, BNX, S, 0>(                                        \
       const void*, int64_t, const uint8_t*, const float*, const void*, void*, int64_t, int64_t, \
-      int64_t, bool, int, int64_t, float*, int, cudaStream_t);
+      int64_t, bool, int, int64_t, float*, int, cudaStream_t, const float*);
 TERNARY_INST_WGMMA_BIG(__half, 64, 8)
 TERNARY_INST_WGMMA_BIG(__half, 128, 8)
 TERNARY_INST_WGMMA_BIG(__half, kBigRows, kBigStages)

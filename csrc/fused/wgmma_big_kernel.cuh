@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(384, 1)
 fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ scale,
                        const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
                        int m, int n, int kt_total, int nt_count, bool per_tensor, int tile0,
-                       int row_blocks, int tiles, const __grid_constant__ CUtensorMap xmap) {
+                       int row_blocks, int tiles, const float* __restrict__ srow,
+                       const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(S >= 3 && (BNX == 64 || BNX == 128 || BNX == 256), "ring and tile");
   constexpr int kX = BNX * kTileK * 2, kRR = 8, kC = kBigConsumers;
@@ -181,9 +182,10 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
     if constexpr (!P) {
       if (ws == nullptr)
         wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias,
-                              base + wg * kX, sbase + wg * kX, y, kBigHiUnscale);
-      else
-        wg_store_part<BNX>(d, a, tid, cb0 + wg * 64 + 16 * warp + g, n, scale, per_tensor,
+                              base + wg * kX, sbase + wg * kX, y, kBigHiUnscale, true, srow);
+      else  // (with srow the parts are unscaled: the finish kernel applies the epilogue)
+        wg_store_part<BNX>(d, a, tid, cb0 + wg * 64 + 16 * warp + g, n, srow ? nullptr : scale,
+                           per_tensor,
                            ws + ((int64_t)blockIdx.z * gridDim.x + blockIdx.x) * BNX * 128,
                            kBigHiUnscale);
     } else {
@@ -211,7 +213,7 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
       }
       const int last = (kt_count - 1) % S, mine = (last + S - 1 + wg) % S;
       wg_store_tile<T, BNX>(d, a, wg, warp, lane, m0, cb0, m, n, scale, per_tensor, bias,
-                            base + mine * kX, sbase + mine * kX, y, kBigHiUnscale, false);
+                            base + mine * kX, sbase + mine * kX, y, kBigHiUnscale, false, srow);
       // this thread's reads of the output tile are done; the stages' next writer is the TMA
       // engine (async proxy)
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -229,11 +231,14 @@ fused_wgmma_big_kernel(const uint4* __restrict__ w, const float* __restrict__ sc
 // y of tiles tile0 .. tile0 + tiles - 1 = their split-K parts summed in split order + bias. A
 // thread takes one float4 of the parts (wg_store_part's order): consumer thread tid's
 // accumulators d[4 j .. 4 j + 3], tokens 8 j + 2 t + (0, 1) of channels
-// 64 wg + 16 warp + g + (0, 8).
+// 64 wg + 16 warp + g + (0, 8). srow (ternary::linear_a8's; the parts then unscaled integer
+// sums): gemm_a8's epilogue with scale, per_tensor and srow (common/epilogue.cuh).
 template <typename T, int BNX>
 __global__ void wgmma_big_finish_kernel(const float* __restrict__ ws, const T* __restrict__ bias,
                                         T* __restrict__ y, int m, int n, int tile0,
-                                        int row_blocks, int tiles, int splits) {
+                                        int row_blocks, int tiles, int splits,
+                                        const float* __restrict__ scale, bool per_tensor,
+                                        const float* __restrict__ srow) {
   constexpr int64_t kPer4 = (int64_t)BNX * 128 / 4;
   pdl_wait();  // the split parts
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -259,10 +264,14 @@ __global__ void wgmma_big_finish_kernel(const float* __restrict__ ws, const T* _
     const int col = col0 + 8 * hi;
     if (col >= n) continue;
     const float bc = bias ? to_float(bias[col]) : 0.f;
+    const float sc = srow ? scale[per_tensor ? 0 : col] : 1.f;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int row = row0 + e;
-      if (row < m) y[(int64_t)row * n + col] = from_float<T>(vals[2 * hi + e] + bc);
+      if (row >= m) continue;
+      y[(int64_t)row * n + col] =
+          from_float<T>(srow ? epilogue(vals[2 * hi + e], sc, bc, bias != nullptr, srow, row)
+                             : vals[2 * hi + e] + bc);
     }
   }
 }
@@ -281,7 +290,7 @@ template <typename T, int BNX, int S, int ABL>
 cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked,
                              const float* scale, const void* bias, void* y, int64_t m, int64_t n,
                              int64_t k, bool per_tensor, int splits, int64_t tail, float* ws,
-                             int num_sms, cudaStream_t stream) {
+                             int num_sms, cudaStream_t stream, const float* srow) {
   if (m > INT32_MAX - 512 || n > INT32_MAX - 512 || k > INT32_MAX - 64) return cudaErrorInvalidValue;
   // TMA: a 16-byte aligned base and row stride
   if (k % kTileK || ldx % 8 || reinterpret_cast<uintptr_t>(x) % 16) return cudaErrorInvalidValue;
@@ -314,12 +323,12 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
                              reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias,
                              (T*)y, z > 1 ? ws : nullptr, (int)m, (int)n, (int)(k / kTileK),
                              (int)((n + kTileN - 1) / kTileN), per_tensor, (int)tile0, (int)mb,
-                             (int)count, xmap);
+                             (int)count, srow, xmap);
     if (e == cudaSuccess && z > 1) {
       const int64_t total = count * BNX * 128 / 4;  // a thread a float4
       e = launch_k(wgmma_big_finish_kernel<T, BNX>, dim3((unsigned)((total + 255) / 256)),
                    dim3(256), 0, stream, true, ws, (const T*)bias, (T*)y, (int)m, (int)n,
-                   (int)tile0, (int)mb, (int)count, z);
+                   (int)tile0, (int)mb, (int)count, z, scale, per_tensor, srow);
     }
     return e;
   };
