@@ -181,7 +181,7 @@ __device__ __forceinline__ int64_t scalar_of(const T* xr, const RowSplit<T>& sp,
 template <typename T, typename OutT, int VPT, bool WARP>
 __global__ void __launch_bounds__(1024)
 act_quant_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restrict__ s,
-                 int64_t m, int64_t k) {
+                 int64_t m, int64_t k, int64_t ldq) {
   __shared__ uint32_t red[2][32];
   const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
   const int nthr = WARP ? 32 : blockDim.x;
@@ -191,7 +191,7 @@ act_quant_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restric
   for (int64_t row = (int64_t)blockIdx.x * rows_a_block + (WARP ? threadIdx.x >> 5 : 0);
        row < m; row += stride, parity ^= 1) {
     const T* xr = x + row * k;
-    OutT* qr = q + row * k;
+    OutT* qr = q + row * ldq;
     const RowSplit<T> sp(xr, k);
     const int nvec = (int)sp.nvec;  // <= VPT * nthr (the launcher's choice)
     const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
@@ -227,13 +227,13 @@ constexpr int kLongThreads = 512;  // (at 1024, CUDA 13's ptxas spills 4 bytes o
 template <typename T, typename OutT>
 __global__ void __launch_bounds__(kLongThreads)
 act_quant_long_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restrict__ s,
-                      int64_t m, int64_t k) {
+                      int64_t m, int64_t k, int64_t ldq) {
   __shared__ uint32_t red[2][32];
   const int tid = threadIdx.x, nthr = blockDim.x;
   int parity = 0;
   for (int64_t row = blockIdx.x; row < m; row += gridDim.x, parity ^= 1) {
     const T* xr = x + row * k;
-    OutT* qr = q + row * k;
+    OutT* qr = q + row * ldq;
     const RowSplit<T> sp(xr, k);
     const uint4* xv = reinterpret_cast<const uint4*>(xr + sp.head);
     uint32_t mx = 0;
@@ -275,37 +275,40 @@ unsigned warp_grid_of(int64_t m) {
 int round_warps(int64_t threads) { return (int)((threads + 31) / 32 * 32); }
 
 template <typename T, typename OutT, int VPT>
-void launch_block(const T* x, OutT* q, float* s, int64_t m, int64_t k, int64_t nvec,
-                  cudaStream_t stream) {
+void launch_block(const T* x, OutT* q, float* s, int64_t m, int64_t k, int64_t ldq,
+                  int64_t nvec, cudaStream_t stream) {
   const int threads = round_warps((nvec + VPT - 1) / VPT);
-  act_quant_kernel<T, OutT, VPT, false><<<grid_of(m), threads, 0, stream>>>(x, q, s, m, k);
+  act_quant_kernel<T, OutT, VPT, false><<<grid_of(m), threads, 0, stream>>>(x, q, s, m, k, ldq);
 }
 
 template <typename T, typename OutT, int VPT>
-void launch_warp(const T* x, OutT* q, float* s, int64_t m, int64_t k, cudaStream_t stream) {
+void launch_warp(const T* x, OutT* q, float* s, int64_t m, int64_t k, int64_t ldq,
+                 cudaStream_t stream) {
   act_quant_kernel<T, OutT, VPT, true><<<warp_grid_of(m), kWarpRowsABlock * 32, 0, stream>>>(
-      x, q, s, m, k);
+      x, q, s, m, k, ldq);
 }
 
 template <typename T, typename OutT>
-void launch_typed(const void* xp, void* qp, float* s, int64_t m, int64_t k, cudaStream_t stream) {
+void launch_typed(const void* xp, void* qp, float* s, int64_t m, int64_t k, int64_t ldq,
+                  cudaStream_t stream) {
   const T* x = static_cast<const T*>(xp);
   OutT* q = static_cast<OutT*>(qp);
   const int64_t nvec = k / kVec<T>;  // a row holds at most this many aligned chunks
-  if (nvec <= 32) launch_warp<T, OutT, 1>(x, q, s, m, k, stream);
-  else if (nvec <= 64) launch_warp<T, OutT, 2>(x, q, s, m, k, stream);
-  else if (nvec <= 128) launch_warp<T, OutT, 4>(x, q, s, m, k, stream);
-  else if (nvec <= 512) launch_block<T, OutT, 2>(x, q, s, m, k, nvec, stream);
-  else if (nvec <= 4096) launch_block<T, OutT, 4>(x, q, s, m, k, nvec, stream);
-  else if (nvec <= 8192) launch_block<T, OutT, 8>(x, q, s, m, k, nvec, stream);
-  else act_quant_long_kernel<T, OutT><<<grid_of(m), kLongThreads, 0, stream>>>(x, q, s, m, k);
+  if (nvec <= 32) launch_warp<T, OutT, 1>(x, q, s, m, k, ldq, stream);
+  else if (nvec <= 64) launch_warp<T, OutT, 2>(x, q, s, m, k, ldq, stream);
+  else if (nvec <= 128) launch_warp<T, OutT, 4>(x, q, s, m, k, ldq, stream);
+  else if (nvec <= 512) launch_block<T, OutT, 2>(x, q, s, m, k, ldq, nvec, stream);
+  else if (nvec <= 4096) launch_block<T, OutT, 4>(x, q, s, m, k, ldq, nvec, stream);
+  else if (nvec <= 8192) launch_block<T, OutT, 8>(x, q, s, m, k, ldq, nvec, stream);
+  else
+    act_quant_long_kernel<T, OutT><<<grid_of(m), kLongThreads, 0, stream>>>(x, q, s, m, k, ldq);
 }
 
 template <typename T>
 void launch_out(const void* x, void* q, bool q_int8, float* s, int64_t m, int64_t k,
-                cudaStream_t stream) {
-  if (q_int8) launch_typed<T, int8_t>(x, q, s, m, k, stream);
-  else launch_typed<T, T>(x, q, s, m, k, stream);
+                int64_t ldq, cudaStream_t stream) {
+  if (q_int8) launch_typed<T, int8_t>(x, q, s, m, k, ldq, stream);
+  else launch_typed<T, T>(x, q, s, m, k, ldq, stream);
 }
 
 }  // namespace act_quant_cu
@@ -318,13 +321,13 @@ const char* quantize_act_int8_route(DType dtype, int64_t k) {
 }
 
 cudaError_t launch_quantize_act_int8(const void* x, DType dtype, void* q, bool q_int8, float* s,
-                                     int64_t m, int64_t k, cudaStream_t stream) {
+                                     int64_t m, int64_t k, int64_t ldq, cudaStream_t stream) {
   if (m == 0) return cudaSuccess;
-  if (m < 0 || k <= 0) return cudaErrorInvalidValue;
+  if (m < 0 || k <= 0 || ldq < k) return cudaErrorInvalidValue;
   switch (dtype) {
-    case DType::kHalf: launch_out<__half>(x, q, q_int8, s, m, k, stream); break;
-    case DType::kBFloat16: launch_out<__nv_bfloat16>(x, q, q_int8, s, m, k, stream); break;
-    case DType::kFloat: launch_out<float>(x, q, q_int8, s, m, k, stream); break;
+    case DType::kHalf: launch_out<__half>(x, q, q_int8, s, m, k, ldq, stream); break;
+    case DType::kBFloat16: launch_out<__nv_bfloat16>(x, q, q_int8, s, m, k, ldq, stream); break;
+    case DType::kFloat: launch_out<float>(x, q, q_int8, s, m, k, ldq, stream); break;
   }
   return cudaGetLastError();
 }

@@ -57,6 +57,34 @@ cudaError_t launch_gemm_a8_wgmma(const int8_t* xp, const float* s, const int32_t
 // gemm_a8_repacked takes the wgmma kernel from this many rows where it is compiled
 constexpr int64_t kA8WgmmaMinM = 128;
 
+// ternary::linear_a8, activation int8_per_token in one op: x -> (x_q, s) per token, then
+// y = (x_q . w) * scale / s (+ bias), gemm_a8's result bit for bit on every route.
+// Up to kLinearA8FloatMaxM rows (and K below kLinearA8FloatMaxK, float16/bfloat16 x) x_q stays
+// in x's dtype and takes the float kernels with gemm_a8's epilogue
+// (launch_linear_a8_fused, linear_a8_fused_takes): at M <= 128, and on Hopper up to
+// M = 256 where gemm_fused takes wgmma_big, they are faster than both int8 kernels (whose
+// 128 x 256 tiles leave most SMs idle at M = 256 on these N; docs/kernels.md). Elsewhere, or
+// for float32 x or longer K, x_q is int8 and gemm_a8_repacked's kernels run. K * 256 < 2^24
+// keeps the float kernels' sums exact integers (their codes c = w + 1 <= 2 times
+// |x_q| <= 128).
+constexpr int64_t kLinearA8FloatMaxM = 256;
+constexpr int64_t kLinearA8FloatMaxK = 65536;
+// x_q of dtype (half or bfloat16; integer-valued, rows ldx elements apart, padded with zeros
+// to k, a multiple of 64, as gemm_fused's x; TMA's 16-byte aligned base and row stride), s
+// float32 [m]: the decode kernels at M <= 16, on Hopper wgmma_big where gemm_fused takes it,
+// fused_gemm_nt otherwise; group_size 0. workspace: linear_a8_workspace_floats floats (a
+// split K's parts; null where that is 0, else the call takes fused_gemm_nt).
+cudaError_t launch_linear_a8_fused(const void* xq, int64_t ldx, const uint8_t* repacked,
+                                   const float* scale, const float* s, const void* bias, void* y,
+                                   DType dtype, int64_t m, int64_t n, int64_t k, bool per_tensor,
+                                   int num_sms, float* workspace, cudaStream_t stream);
+int64_t linear_a8_workspace_floats(int64_t m, int64_t n, int64_t k, int num_sms);
+// Whether launch_linear_a8_fused takes this call (k a multiple of 64): M <= 128, or M up to
+// kLinearA8FloatMaxM where its kernel is wgmma_big
+bool linear_a8_fused_takes(int64_t m, int64_t n, int64_t k, int num_sms);
+// The kernel launch_linear_a8_fused runs for this call (one of gemm_fused_route's names).
+const char* linear_a8_fused_route(int64_t m, int64_t n, int64_t k, int num_sms);
+
 // Fused path (fused/). repacked: uint8 [ceil(n/32), ceil(k/64), 512], the layout
 // common/layout.cuh describes; launch_repack writes it from the canonical packed [n, k/4].
 cudaError_t launch_repack(const uint8_t* packed, uint8_t* out, int64_t n, int64_t k,
@@ -97,10 +125,11 @@ bool gemm_fused_takes_large_m(int64_t m, int64_t n, int64_t k, int64_t group_siz
 
 // Per-token int8 activation quantization (act_quant.cu): for each row of x [m, k] (dtype,
 // contiguous, any alignment), s[row] = 127 / max(max|x|, 1e-5) and q = clamp(rint(x * s),
-// -128, 127) in float32, bit for bit ternary/ops.py's _quantize_act_int8_ref; q [m, k] is int8
-// (q_int8) or of x's dtype, s float32 [m]. m = 0 launches nothing; k must be > 0.
+// -128, 127) in float32, bit for bit ternary/ops.py's _quantize_act_int8_ref; q [m, k] (rows
+// ldq >= k elements apart, columns past k left as they are) is int8 (q_int8) or of x's
+// dtype, s float32 [m]. m = 0 launches nothing; k must be > 0.
 cudaError_t launch_quantize_act_int8(const void* x, DType dtype, void* q, bool q_int8, float* s,
-                                     int64_t m, int64_t k, cudaStream_t stream);
+                                     int64_t m, int64_t k, int64_t ldq, cudaStream_t stream);
 // The kernel launch_quantize_act_int8 takes for rows of k elements of dtype: "warp" (rows up to
 // 2 KiB), "block" (up to 128 KiB, one read of x) or "block_two_pass" (longer rows, x read twice).
 const char* quantize_act_int8_route(DType dtype, int64_t k);

@@ -411,7 +411,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_act_int8_cuda(const at::Tensor& x,
   if (m == 0) return {q, s};
   const DType dt = dtype_of(xc, "x");
   check_cuda(launch_quantize_act_int8(xc.data_ptr(), dt, q.data_ptr(), out_dtype == at::kChar,
-                                      s.data_ptr<float>(), m, k,
+                                      s.data_ptr<float>(), m, k, k,
                                       at::cuda::getCurrentCUDAStream()),
              msg("quantize_act_int8 (m=", m, ", k=", k, ", x ", xt, ", out ", out_dtype,
                  ", kernel ", quantize_act_int8_route(dt, k), ")"));
@@ -576,6 +576,124 @@ at::Tensor gemm_a8_wgmma_cuda(const at::Tensor& xq, const at::Tensor& s,
   return gemm_a8_repacked_impl("gemm_a8_wgmma", true, xq, s, repacked, n, scale, bias, out_dtype);
 }
 
+// Which of ternary::linear_a8's kernels a call of m rows takes (kernels.h says why):
+// gemm_a8_repacked's ("wgmma_a8", "mma_a8") or the float kernels' (linear_a8_fused_route).
+bool linear_a8_takes_float(int64_t m, int64_t n, int64_t k, at::ScalarType xt, int sms) {
+  return k < kLinearA8FloatMaxK && (xt == at::kHalf || xt == at::kBFloat16) &&
+         linear_a8_fused_takes(m, n, (k + 63) / 64 * 64, sms);
+}
+std::string linear_a8_route(int64_t m, int64_t n, int64_t k, at::ScalarType xt, int sms) {
+  if (linear_a8_takes_float(m, n, k, xt, sms))
+    return linear_a8_fused_route(m, n, (k + 63) / 64 * 64, sms);
+  return sm90a_image_loaded() && m >= kA8WgmmaMinM ? "wgmma_a8" : "mma_a8";
+}
+
+// ternary::linear_a8: x [..., K] float16/bfloat16/float32 -> y [..., n] of x's dtype,
+// y = (x_q . w) * scale / s (+ bias) with (x_q, s) = quantize_act_int8(x) per token; with s
+// given (float32, one value a row), x is taken as x_q already (integer-valued, |x_q| <= 128:
+// the tensor-parallel caller that quantized a row slice against the whole row's max).
+// Channel or tensor scale; the weight as linear_fused's repacked tiles.
+at::Tensor linear_a8_cuda(const at::Tensor& x, const at::Tensor& repacked, int64_t n,
+                          const at::Tensor& scale, const std::optional<at::Tensor>& bias,
+                          const std::optional<at::Tensor>& s_given) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, msg("linear_a8: x must have at least one dimension; got ",
+                                      x.sizes()));
+  const at::ScalarType xt = x.scalar_type();
+  TORCH_CHECK_VALUE(xt == at::kHalf || xt == at::kBFloat16 || xt == at::kFloat,
+      msg("linear_a8 takes float16, bfloat16 or float32 activations; got x ", xt, " ",
+          x.sizes()));
+  const int64_t k = x.size(-1);
+  TORCH_CHECK_VALUE(n >= 0 && k % 4 == 0 && repacked.scalar_type() == at::kByte &&
+                    repacked.dim() == 3 && repacked.size(0) == (n + 31) / 32 &&
+                    repacked.size(1) == (k + 63) / 64 && repacked.size(2) == 512,
+      msg("linear_a8: repacked must be uint8 [", (n + 31) / 32, ", ", (k + 63) / 64,
+          ", 512] for n=", n, " and x's K=", k, " (a multiple of 4); got ",
+          repacked.scalar_type(), " ", repacked.sizes(), " (x ", x.sizes(), ")"));
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat && scale.dim() == 1 &&
+                    (scale.size(0) == n || scale.size(0) == 1),
+      msg("linear_a8 takes a channel scale float32 [", n, "] or a tensor scale [1]; got ",
+          scale.scalar_type(), " ", scale.sizes(), " (group scales: ternary.ops.linear_a8)"));
+  if (bias) {
+    TORCH_CHECK_VALUE(bias->scalar_type() == xt && bias->dim() == 1 && bias->size(0) == n,
+        msg("linear_a8's bias must be [", n, "] of x's dtype ", xt, "; got ",
+            bias->scalar_type(), " ", bias->sizes()));
+  }
+  int64_t m = 1;  // (x.numel() / k fails at K = 0)
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) m *= x.size(i);
+  if (s_given) {
+    TORCH_CHECK_VALUE(s_given->scalar_type() == at::kFloat && s_given->numel() == m,
+        msg("linear_a8 takes s float32 with one value a row of x (", m, " rows, x ", x.sizes(),
+            "); got ", s_given->scalar_type(), " ", s_given->sizes()));
+  }
+  for (const at::Tensor* t : {&repacked, &scale})
+    TORCH_CHECK(t->device() == x.device(),
+                msg("linear_a8: x, repacked and scale must be on one device; got x on ",
+                    x.device(), " and ", t->device()));
+  TORCH_CHECK((!bias || bias->device() == x.device()) &&
+                  (!s_given || s_given->device() == x.device()),
+              msg("linear_a8: bias and s must be on x's device ", x.device()));
+  TORCH_CHECK(x.is_cuda(), msg("linear_a8: x must be a CUDA tensor; got ", x.device()));
+  const c10::cuda::CUDAGuard guard(x.device());
+  const Rows r = rows_of(x, k, n);
+  if (m == 0 || n == 0 || k == 0) {  // empty sums: 0 + bias
+    at::Tensor y = at::zeros({m, n}, x.options());
+    if (bias && m && n) y.copy_(bias->expand({m, n}));
+    return y.view(r.out_shape);
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool per_tensor = scale.size(0) == 1 && n != 1;
+  const at::Tensor wc = scale.contiguous();
+  at::Tensor rc = repacked.contiguous();
+  if (reinterpret_cast<uintptr_t>(rc.data_ptr()) % 16) rc = rc.clone();
+  at::Tensor bc;
+  if (bias) bc = bias->contiguous();
+  const at::Tensor x2 = r.x2.contiguous();  // (the quantize kernel reads rows k apart)
+  const DType dt = dtype_of(x2, "x");
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const bool use_float = linear_a8_takes_float(m, n, k, xt, sms);
+  at::Tensor s = s_given ? s_given->reshape({m}).contiguous()
+                         : at::empty({m}, x.options().dtype(at::kFloat));
+  if (use_float) {
+    // x_q in x's dtype, rows padded with zeros to whole 64-wide tiles (gemm_fused's x)
+    const int64_t kpad = (k + 63) / 64 * 64;
+    at::Tensor xq;
+    if (s_given) {
+      xq = x2;
+      if (kpad != k || reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16) {
+        xq = at::zeros({m, kpad}, x.options());
+        xq.narrow(1, 0, k).copy_(x2);
+      }
+    } else {
+      xq = kpad != k ? at::zeros({m, kpad}, x.options()) : at::empty({m, k}, x.options());
+      check_cuda(launch_quantize_act_int8(x2.data_ptr(), dt, xq.data_ptr(), false,
+                                          s.data_ptr<float>(), m, k, kpad, stream),
+                 msg("linear_a8's quantize (m=", m, ", k=", k, ", x ", xt, ")"));
+    }
+    at::Tensor y = at::empty({m, n}, x.options());
+    const int64_t ws_floats = linear_a8_workspace_floats(m, n, kpad, sms);
+    const at::Tensor ws = ws_floats ? at::empty({ws_floats}, x.options().dtype(at::kFloat))
+                                    : at::Tensor();
+    check_cuda(launch_linear_a8_fused(xq.data_ptr(), xq.stride(0), rc.data_ptr<uint8_t>(),
+                                      wc.data_ptr<float>(), s.data_ptr<float>(),
+                                      bias ? bc.data_ptr() : nullptr, y.data_ptr(), dt, m, n,
+                                      kpad, per_tensor, sms,
+                                      ws_floats ? ws.data_ptr<float>() : nullptr, stream),
+               msg("linear_a8 (m=", m, ", n=", n, ", k=", k, ", kernel ",
+                   linear_a8_fused_route(m, n, kpad, sms), ")"));
+    return y.view(r.out_shape);
+  }
+  at::Tensor xq;
+  if (s_given) {
+    xq = x2.to(at::kChar);  // (integer values in [-128, 127]: the conversion is exact)
+  } else {
+    xq = at::empty({m, k}, x.options().dtype(at::kChar));
+    check_cuda(launch_quantize_act_int8(x2.data_ptr(), dt, xq.data_ptr(), true,
+                                        s.data_ptr<float>(), m, k, k, stream),
+               msg("linear_a8's quantize (m=", m, ", k=", k, ", x ", xt, ")"));
+  }
+  return gemm_a8_repacked_impl("linear_a8", false, xq, s, rc, n, wc, bias, xt).view(r.out_shape);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
@@ -592,6 +710,7 @@ TORCH_LIBRARY_IMPL(ternary, CUDA, m) {
   m.impl("gemm_a8", &gemm_a8_cuda);
   m.impl("gemm_a8_repacked", &gemm_a8_repacked_cuda);
   m.impl("gemm_a8_wgmma", &gemm_a8_wgmma_cuda);
+  m.impl("linear_a8", &linear_a8_cuda);
 }
 
 }  // namespace ternary
@@ -639,6 +758,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const bool wgmma = ternary::sm90a_image_loaded();
     return std::string(wgmma && m >= ternary::kA8WgmmaMinM ? "wgmma_a8" : "mma_a8");
+  });
+  // The kernel ternary::linear_a8 runs for x [m, k] of dtype ("float16", "bfloat16",
+  // "float32") and n outputs on that device: a float kernel's name (gemm_fused_route's, with
+  // gemm_a8's epilogue) or gemm_a8_repacked's "wgmma_a8" / "mma_a8"
+  m.def("linear_a8_route", [](int64_t m, int64_t n, int64_t k, const std::string& dtype,
+                              int64_t device) {
+    const int64_t devices = c10::cuda::device_count();
+    TORCH_CHECK(m >= 0 && n >= 0 && k >= 0 && device >= 0 && device < devices &&
+                    (dtype == "float16" || dtype == "bfloat16" || dtype == "float32"),
+                ternary::msg("linear_a8_route takes m, n, k >= 0, dtype float16, bfloat16 or ",
+                             "float32 and a device index below ", devices, "; got m=", m,
+                             " n=", n, " k=", k, " dtype=", dtype, " device=", device));
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    const int sms = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+    const at::ScalarType xt = dtype == "float16"    ? at::kHalf
+                              : dtype == "bfloat16" ? at::kBFloat16
+                                                    : at::kFloat;
+    return ternary::linear_a8_route(m, n, k, xt, sms);
   });
   m.def("a8_wgmma_compiled", [](int64_t device) {
     const int64_t devices = c10::cuda::device_count();

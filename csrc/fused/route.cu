@@ -174,13 +174,41 @@ FusedRoute pick_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int n
   return {FusedKernel::kGemmNt, {}};
 }
 
+bool is_decode(FusedKernel f) {
+  return f == FusedKernel::kDecode || f == FusedKernel::kDecodePair ||
+         f == FusedKernel::kDecodeShallow || f == FusedKernel::kDecodeWide ||
+         f == FusedKernel::kDecodeNt2 || f == FusedKernel::kDecodeNt2W4;
+}
+
+// int8_per_token on the float kernels (ternary::linear_a8 up to kLinearA8FloatMaxM rows):
+// the decode kernels, wgmma_big (split or not) and fused_gemm_nt carry gemm_a8's epilogue
+// (common/epilogue.cuh); the calls gemm_fused would give wgmma_rs (Hopper, M 65-128 on grids
+// wgmma_big cannot make half a wave of) take fused_gemm_nt.
+FusedRoute pick_route_a8(int64_t m, int64_t n, int64_t k, int num_sms) {
+  const FusedRoute r = pick_route(m, n, k, 0, num_sms);
+  return is_decode(r.kernel) || r.kernel == FusedKernel::kWgmmaBig
+             ? r : FusedRoute{FusedKernel::kGemmNt, {}};
+}
+
+// The fp32 workspace a route's split K takes (0: none)
+int64_t route_workspace_floats(const FusedRoute& r, int64_t m, int64_t n) {
+  if (r.kernel == FusedKernel::kWgmmaBig) {
+    const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
+    return wgmma_big_workspace_floats(r.wg.splits, r.wg.tail ? r.wg.tail : tiles, r.wg.bnx);
+  }
+  return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
+}
+
+// srow: null for gemm_fused; ternary::linear_a8's per-row s (x the integer-valued x_q,
+// group_size 0) takes pick_route_a8's kernel.
 template <typename T>
 cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repacked,
                                const float* scale, const void* bias, void* y, int64_t m,
                                int64_t n, int64_t k, int64_t group_size, bool per_tensor,
-                               int num_sms, float* workspace, cudaStream_t stream) {
+                               int num_sms, float* workspace, cudaStream_t stream,
+                               const float* srow = nullptr) {
   // x rows arrive padded to whole tiles (ops.cpp), so k here is a multiple of 64.
-  FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+  FusedRoute r = srow ? pick_route_a8(m, n, k, num_sms) : pick_route(m, n, k, group_size, num_sms);
   // a split without its workspace (a caller that passed none) takes fused_gemm_nt
   if ((r.kernel == FusedKernel::kWgmmaRs || r.kernel == FusedKernel::kWgmmaBig) &&
       r.wg.splits > 1 && workspace == nullptr)
@@ -201,19 +229,19 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
     // fused_gemm_kernel between one and four blocks an SM at M = 16.
     case FusedKernel::kDecode:
       return launch_decode<T, 4, 1, 1, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream);
+                                                   per_tensor, num_sms, stream, 0, srow);
     // Two n tiles a step with 4 warps, for grids of 4 or more blocks an SM: x is read once for
     // two weight tiles, up to 11 % faster there; with fewer blocks an SM the longer steps leave
     // SMs idle and it loses (docs/kernels.md).
     case FusedKernel::kDecodePair:
       return launch_decode<T, 4, 1, 2, 0, 1, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream, 4);
+                                                   per_tensor, num_sms, stream, 4, srow);
     // Grids of 0.5-1.5 blocks an SM: 16 warps with a 2-deep ring and x from global, up to 7 %
     // faster than kDecode when the kernel before it writes x; outside that band it loses or
     // ties, and staging x loses here (docs/kernels.md).
     case FusedKernel::kDecodeShallow:
       return launch_decode<T, 2, 1, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream, 16);
+                                                   per_tensor, num_sms, stream, 16, srow);
     case FusedKernel::kDecodeWide: {
       // 8 warps where the grid is at most one block an SM (at 126 registers only two 8-warp
       // blocks fit an SM), up to a third faster there; with more blocks 8 loses, except at
@@ -223,30 +251,32 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
       return launch_decode<T, 4, 2, 2, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                    per_tensor, num_sms, stream,
                                                    blocks <= num_sms || tiles <= 4 * num_sms
-                                                       ? 8 : 4);
+                                                       ? 8 : 4, srow);
     }
     case FusedKernel::kDecodeNt2:
       return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream);
+                                                   per_tensor, num_sms, stream, 0, srow);
     // Grids of 2-3 tiles an SM: one n tile a block, 4 warps. With two n tiles a step such a
     // grid (384 tiles, 192 blocks) leaves 60 SMs two blocks and 72 one, so this is about 10 %
     // faster; outside the band it loses (docs/kernels.md).
     case FusedKernel::kDecodeNt2W4:
       return launch_decode<T, 4, 2, 1, 0, 0, true>(x, ldx, repacked, scale, bias, y, m, n, k,
-                                                   per_tensor, num_sms, stream, 4);
+                                                   per_tensor, num_sms, stream, 4, srow);
     case FusedKernel::kWgmmaRs:
       return launch_wgmma_rs<T, 128>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
                                      r.wg.splits, workspace, stream);
     case FusedKernel::kWgmmaBig:  // (8 stages at 64 and 128 tokens: docs/kernels.md)
       if (r.wg.bnx == 64)
         return launch_wgmma_big<T, 64, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                          r.wg.splits, r.wg.tail, workspace, num_sms, stream);
+                                          r.wg.splits, r.wg.tail, workspace, num_sms, stream,
+                                          srow);
       if (r.wg.bnx == 128)
         return launch_wgmma_big<T, 128, 8>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                           r.wg.splits, r.wg.tail, workspace, num_sms, stream);
+                                           r.wg.splits, r.wg.tail, workspace, num_sms, stream,
+                                           srow);
       return launch_wgmma_big<T, kBigRows, kBigStages>(x, ldx, repacked, scale, bias, y, m, n, k,
                                                        per_tensor, r.wg.splits, r.wg.tail,
-                                                       workspace, num_sms, stream);
+                                                       workspace, num_sms, stream, srow);
     case FusedKernel::kGemmNt:
       break;
   }
@@ -254,7 +284,7 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
   // with two m16 tiles, and the best or within 10 % of the best variant on every shape up to
   // M = 64 (docs/kernels.md). Above M = 128 ternary/kernels.py routes to dequantize + cuBLAS.
   return launch_gemm_nt<T, 1, 2, 4, true>(x, ldx, repacked, scale, bias, y, m, n, k, per_tensor,
-                                          num_sms, stream);
+                                          num_sms, stream, 0, srow);
 }
 
 }  // namespace TERNARY_TU
@@ -262,16 +292,17 @@ cudaError_t launch_fused_typed(const void* x, int64_t ldx, const uint8_t* repack
 int64_t gemm_fused_workspace_floats(int64_t m, int64_t n, int64_t k, int64_t group_size,
                                     int num_sms) {
   if (m == 0 || n == 0) return 0;
-  const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
-  if (r.kernel == FusedKernel::kWgmmaBig) {
-    const int64_t tiles = (m + r.wg.bnx - 1) / r.wg.bnx * ((n + 127) / 128);
-    return wgmma_big_workspace_floats(r.wg.splits, r.wg.tail ? r.wg.tail : tiles, r.wg.bnx);
-  }
-  return r.kernel == FusedKernel::kWgmmaRs && r.wg.splits > 1 ? r.wg.splits * m * n : 0;
+  return route_workspace_floats(pick_route(m, n, k, group_size, num_sms), m, n);
 }
 
-const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
-  const FusedRoute r = pick_route(m, n, k, group_size, num_sms);
+int64_t linear_a8_workspace_floats(int64_t m, int64_t n, int64_t k, int num_sms) {
+  if (m == 0 || n == 0) return 0;
+  return route_workspace_floats(pick_route_a8(m, n, k, num_sms), m, n);
+}
+
+inline namespace TERNARY_TU {
+
+const char* route_name(const FusedRoute& r) {
   switch (r.kernel) {
     case FusedKernel::kGroupHalf: return "fused_gemm_half";
     case FusedKernel::kGroup: return "fused_gemm";
@@ -289,6 +320,40 @@ const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size
     case FusedKernel::kGemmNt: break;
   }
   return "fused_gemm_nt";
+}
+
+}  // namespace TERNARY_TU
+
+const char* gemm_fused_route(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms) {
+  return route_name(pick_route(m, n, k, group_size, num_sms));
+}
+
+bool linear_a8_fused_takes(int64_t m, int64_t n, int64_t k, int num_sms) {
+  if (m <= 128) return true;
+  return m <= kLinearA8FloatMaxM &&
+         pick_route_a8(m, n, k, num_sms).kernel == FusedKernel::kWgmmaBig;
+}
+
+const char* linear_a8_fused_route(int64_t m, int64_t n, int64_t k, int num_sms) {
+  return route_name(pick_route_a8(m, n, k, num_sms));
+}
+
+cudaError_t launch_linear_a8_fused(const void* xq, int64_t ldx, const uint8_t* repacked,
+                                   const float* scale, const float* s, const void* bias, void* y,
+                                   DType dtype, int64_t m, int64_t n, int64_t k, bool per_tensor,
+                                   int num_sms, float* workspace, cudaStream_t stream) {
+  if (m == 0 || n == 0) return cudaSuccess;
+  if (s == nullptr || !linear_a8_fused_takes(m, n, k, num_sms)) return cudaErrorInvalidValue;
+  switch (dtype) {
+    case DType::kHalf:
+      return launch_fused_typed<__half>(xq, ldx, repacked, scale, bias, y, m, n, k, 0,
+                                        per_tensor, num_sms, workspace, stream, s);
+    case DType::kBFloat16:
+      return launch_fused_typed<__nv_bfloat16>(xq, ldx, repacked, scale, bias, y, m, n, k, 0,
+                                               per_tensor, num_sms, workspace, stream, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 void gemm_fused_plan(int64_t m, int64_t n, int64_t k, int64_t group_size, int num_sms,
