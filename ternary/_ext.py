@@ -91,6 +91,15 @@ def a8_route(m: int, device: int = 0) -> str:
     return str(require().a8_route(m, device))  # type: ignore[attr-defined]
 
 
+def linear_a8_route(m: int, n: int, k: int, dtype=None, device: int = 0) -> str:
+    """The kernel ternary::linear_a8 runs for x [m, k] of `dtype` (torch.float16, bfloat16
+    (the default) or float32) and n outputs on `device`: a float kernel's name as fused_route
+    gives it (the decode kernels, "wgmma_big...", "fused_gemm_nt"; with gemm_a8's epilogue) or
+    gemm_a8_repacked's "wgmma_a8" / "mma_a8". Needs ternary._C."""
+    name = str(dtype or "torch.bfloat16").removeprefix("torch.")
+    return str(require().linear_a8_route(m, n, k, name, device))  # type: ignore[attr-defined]
+
+
 def a8_wgmma_compiled(device: int = 0) -> bool:
     """Whether ternary::gemm_a8_wgmma can run on `device` (its sm_90a image is the one the
     device loaded). Needs ternary._C."""

@@ -72,6 +72,30 @@ class Kernel:
         reports."""
         return self.name
 
+    def apply_a8(self, x: torch.Tensor, prepared: Prepared, bias: torch.Tensor | None = None,
+                 amax: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer for activation int8_per_token (docs/formats.md): x quantized per token,
+        then y = (x_q . codes) * scale / s (+ bias), gemm_a8's result bit for bit. This base:
+        ternary::gemm_a8 on the canonical codes (group scales: ops.linear_a8_float on this
+        kernel's apply). `amax`: a row-parallel slice's whole-row max
+        (ternary.vllm.linear.split_row_amax)."""
+        if prepared.group_size:
+            return ops.linear_a8_float(x, lambda q: self.apply(q, prepared, None), bias, amax)
+        check_x(x, prepared)
+        xq, s = _quantize_a8(x, amax)
+        y = ops.gemm_a8(xq, s, prepared.packed, prepared.scale, bias, x.dtype)
+        return y.view(*x.shape[:-1], prepared.n)
+
+    def route_a8(self, m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> str:
+        """route() for an int8_per_token layer's call of M rows."""
+        return "gemm_a8"
+
+
+def _quantize_a8(x: torch.Tensor, amax: torch.Tensor | None):
+    """(x_q int8 [M, K], s float32 [M, 1]) of x [..., K], against `amax` where given."""
+    xq, s = ops.quantize_act_int8(x, torch.int8, amax=amax)
+    return xq.reshape(-1, x.shape[-1]), s.reshape(-1, 1)
+
 
 def check_values(packed: torch.Tensor, scale: torch.Tensor) -> None:
     """Once per layer at load: a NaN, inf or zero scale, or a code 3 (no kernel decodes it:
@@ -189,6 +213,18 @@ class FusedKernel(Kernel):
                                 prepared.group_size, prepared.n,
                                 -1 if self.max_m is None else self.max_m, bias)
 
+    def apply_a8(self, x, prepared, bias=None, amax=None):
+        if prepared.group_size:
+            return super().apply_a8(x, prepared, bias, amax)
+        check_x(x, prepared)
+        # one op: the quantize and the kernel chosen by M inside (csrc/ops.cpp, linear_a8)
+        return ops.linear_a8(x, prepared.repacked, prepared.n, prepared.scale, bias, amax)
+
+    def route_a8(self, m, n, k, dtype=torch.bfloat16):
+        if _ext.load() is None or not torch.cuda.is_available():
+            return "linear_a8"
+        return _ext.linear_a8_route(m, n, k, dtype, torch.cuda.current_device())
+
 
 class CublasKernel(Kernel):
     name = "cublas"
@@ -208,6 +244,25 @@ class CublasKernel(Kernel):
         ops.check_bias(bias, x, prepared.n)
         ops.check_same_device(x=x, bias=bias)
         return self.matmul(x, prepared.packed, prepared, bias)
+
+    def apply_a8(self, x, prepared, bias=None, amax=None):
+        """The integer sums as a float32 torch.mm of x_q and the codes (exact: integers below
+        2^24 while K * 128 < 2^24, and torch keeps TF32 off for float32 matmuls by default),
+        then gemm_a8's epilogue: no ternary._C needed."""
+        if prepared.group_size or prepared.k * 128 >= 2**24 or \
+                torch.backends.cuda.matmul.allow_tf32:
+            return super().apply_a8(x, prepared, bias, amax)
+        check_x(x, prepared)
+        ops.check_bias(bias, x, prepared.n)
+        xq, s = _quantize_a8(x, amax)
+        ones = torch.ones(1, dtype=torch.float32, device=prepared.scale.device)
+        codes = ops.dequantize(prepared.packed, ones, 0, torch.float32)
+        acc = torch.mm(xq.to(torch.float32), codes.t())
+        y = ops.a8_epilogue(acc, prepared.scale.view(1, -1), s, bias, x.dtype)
+        return y.view(*x.shape[:-1], prepared.n)
+
+    def route_a8(self, m, n, k, dtype=torch.bfloat16):
+        return "cublas_a8"
 
     @staticmethod
     def matmul(x, packed, prepared, bias=None):
@@ -233,6 +288,30 @@ class ReferenceKernel(Kernel):
 
     def apply(self, x, prepared, bias=None):
         return ops.gemm(x, prepared.packed, prepared.scale, prepared.group_size, bias)
+
+
+# the M at which an int8_per_token layer's kernel is sampled for its log line: each M of the
+# decode kernels, then the points where the route may change (csrc/kernels.h)
+_A8_PROBE_M = [*range(1, 18), 32, 33, 64, 65, 128, 129, 256, 257, 1024, 16384]
+
+
+def a8_routes(kernel, n: int, k: int, dtype: torch.dtype) -> str:
+    """Which kernel an int8_per_token layer's calls take over M (Kernel.route_a8), as ranges:
+    "decode M 1-8, decode_nt2 M 9-16, fused_gemm_nt M 17-128, wgmma_a8 from M 129"."""
+    spans: list[list] = []  # [name, first M, last M]
+    for m in _A8_PROBE_M:
+        name = kernel.route_a8(m, n, k, dtype)
+        if spans and spans[-1][0] == name:
+            spans[-1][2] = m
+        else:
+            spans.append([name, m, m])
+    parts = []
+    for i, (name, lo, hi) in enumerate(spans):
+        if i == len(spans) - 1:
+            parts.append(name if lo == 1 else f"{name} from M {lo}")
+        else:
+            parts.append(f"{name} M {lo}" if lo == hi else f"{name} M {lo}-{hi}")
+    return ", ".join(parts)
 
 
 KERNELS: dict[str, type[Kernel]] = {

@@ -52,6 +52,11 @@ LIB.define("gemm_a8_repacked(Tensor xq, Tensor s, Tensor repacked, int n, Tensor
 # takes it from M = 128 where it is compiled.
 LIB.define("gemm_a8_wgmma(Tensor xq, Tensor s, Tensor repacked, int n, Tensor scale, "
            "Tensor? bias, ScalarType out_dtype) -> Tensor")
+# An int8_per_token layer in one op: x quantized per token, then gemm_a8's result on the
+# repacked weight, y in x's dtype; the kernel is chosen inside by M (csrc/kernels.h,
+# kLinearA8FloatMaxM), for the reason linear_fused is one op. With s given, x is x_q already.
+LIB.define("linear_a8(Tensor x, Tensor repacked, int n, Tensor scale, Tensor? bias, "
+           "Tensor? s) -> Tensor")
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # What the fused kernel's mma.sync instructions take; the group scale is applied per 64-wide
@@ -255,6 +260,33 @@ def _check_a8_rest(xq, s, scale, bias, out_dtype, n: int) -> None:
                          f"int32 sums); got {bias.dtype} {list(bias.shape)}")
 
 
+def check_linear_a8(x: torch.Tensor, repacked: torch.Tensor, n: int, scale: torch.Tensor,
+                    bias: torch.Tensor | None, s: torch.Tensor | None) -> int:
+    """K of a linear_a8 call, or a ValueError naming the argument (csrc/ops.cpp's wording)."""
+    if x.dim() < 1 or x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"linear_a8 takes float16, bfloat16 or float32 activations; got x "
+                         f"{x.dtype} {list(x.shape)}")
+    k = x.shape[-1]
+    if n < 0 or k % 4 or repacked.dtype != torch.uint8 or list(repacked.shape) != \
+            repacked_shape(n, k):
+        raise ValueError(f"linear_a8: repacked must be uint8 {repacked_shape(max(n, 0), k)} "
+                         f"for n={n} and x's K={k} (a multiple of 4); got {repacked.dtype} "
+                         f"{list(repacked.shape)} (x {list(x.shape)})")
+    if scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] not in (n, 1):
+        raise ValueError(f"linear_a8 takes a channel scale float32 [{n}] or a tensor scale "
+                         f"[1]; got {scale.dtype} {list(scale.shape)} (group scales: "
+                         "ternary.ops.linear_a8)")
+    if bias is not None and (bias.dtype != x.dtype or list(bias.shape) != [n]):
+        raise ValueError(f"linear_a8's bias must be [{n}] of x's dtype {x.dtype}; got "
+                         f"{bias.dtype} {list(bias.shape)}")
+    m = x.numel() // k if k else 0
+    if s is not None and (s.dtype != torch.float32 or s.numel() != m):
+        raise ValueError(f"linear_a8 takes s float32 with one value a row of x ({m} rows, x "
+                         f"{list(x.shape)}); got {s.dtype} {list(s.shape)}")
+    check_same_device(x=x, repacked=repacked, scale=scale, bias=bias, s=s)
+    return k
+
+
 def bad_scale_values(scale: torch.Tensor) -> str | None:
     """What is wrong with a scale's values (NaN, inf or zero; every reader and the kernels'
     prepare refuse them), or None."""
@@ -307,6 +339,18 @@ def _gemm_a8_ref(xq, s, packed, scale, bias, out_dtype):
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(out_dtype)
+
+
+def _linear_a8_ref(x, repacked, n, scale, bias, s):
+    """quantize_act_int8 (unless s is given), then gemm_a8 on the unrepacked codes."""
+    k = check_linear_a8(x, repacked, n, scale, bias, s)
+    x2 = x.reshape(-1, k)
+    if s is None:
+        xq, s2 = _quantize_act_int8_ref(x2, torch.int8)
+    else:
+        xq, s2 = x2.to(torch.int8), s.reshape(-1, 1)
+    y = _gemm_a8_ref(xq, s2, _unrepack_ref(repacked, n, k), scale, bias, x.dtype)
+    return y.view(*x.shape[:-1], n)
 
 
 def _pack_ref(codes: torch.Tensor) -> torch.Tensor:
@@ -439,6 +483,7 @@ LIB.impl("quantize_act_int8", _quantize_act_int8_ref, "CompositeExplicitAutograd
 LIB.impl("gemm_a8", _gemm_a8_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_a8_repacked", _gemm_a8_repacked_ref, "CompositeExplicitAutograd")
 LIB.impl("gemm_a8_wgmma", _gemm_a8_repacked_ref, "CompositeExplicitAutograd")
+LIB.impl("linear_a8", _linear_a8_ref, "CompositeExplicitAutograd")
 
 
 # ---------------------------------------------------------------------------------------
@@ -522,6 +567,12 @@ def _gemm_a8_repacked_fake(xq, s, repacked, n, scale, bias, out_dtype):
 def _gemm_a8_wgmma_fake(xq, s, repacked, n, scale, bias, out_dtype):
     m, n, _ = check_gemm_a8_repacked(xq, s, repacked, n, scale, bias, out_dtype)
     return xq.new_empty((m, n), dtype=out_dtype)
+
+
+@_register_fake("ternary::linear_a8")
+def _linear_a8_fake(x, repacked, n, scale, bias, s):
+    check_linear_a8(x, repacked, n, scale, bias, s)
+    return x.new_empty((*x.shape[:-1], n))
 
 
 @_register_fake("ternary::quantize_act_int8")
@@ -667,18 +718,40 @@ def quantize_act_int8(x: torch.Tensor, out_dtype: torch.dtype | None = None,
     return _quantize_rows(x.to(torch.float32), amax, out_dtype)
 
 
-def linear_a8(x: torch.Tensor, linear, bias: torch.Tensor | None = None,
-              amax: torch.Tensor | None = None) -> torch.Tensor:
-    """y = (x_q . codes) * w_scale / s_x (+ bias) for a layer whose activation mode is
-    int8_per_token: `linear(x_q)` is the layer's ternary GEMM without bias, fed the
-    integer-valued x_q in x's dtype. Integer x_q (|x_q| <= 128) times ternary codes sums
-    exactly in the kernels' float32 accumulators while K * 128 < 2^24 (K < 131072), so with a
-    channel or tensor scale the GEMM is the exact integer sum times w_scale, rounded once to
-    x's dtype; past that bound (or with group scales, applied per K tile) it is float32
-    rounding as for any float input. The division by s happens in float32. `amax`: as in
-    quantize_act_int8, for x that is a slice of each row."""
+def linear_a8(x: torch.Tensor, repacked: torch.Tensor, n: int, scale: torch.Tensor,
+              bias: torch.Tensor | None = None, amax: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """An int8_per_token layer (docs/formats.md): y = (x_q . codes) * scale / s (+ bias) with
+    (x_q, s) = quantize_act_int8(x), in x's dtype, from the repacked weight of n channels and
+    its channel or tensor scale: gemm_a8's result bit for bit, one op on CUDA that picks its
+    kernel by M inside (_ext.linear_a8_route names it). `amax`: as in quantize_act_int8, for x
+    that is a slice of each row (then x is quantized here against it)."""
+    if amax is None:
+        return torch.ops.ternary.linear_a8(x, repacked, n, scale, bias, None)
+    xq, s = quantize_act_int8(x, amax=amax)
+    return torch.ops.ternary.linear_a8(xq, repacked, n, scale, bias, s)
+
+
+def linear_a8_float(x: torch.Tensor, linear, bias: torch.Tensor | None = None,
+                    amax: torch.Tensor | None = None) -> torch.Tensor:
+    """An int8_per_token layer on a float GEMM, for the weights no int8 route takes (group
+    scales): `linear(x_q)` is the layer's ternary GEMM without bias, fed the integer-valued
+    x_q in x's dtype; its result (rounded to x's dtype) is divided by s in float32, rounded
+    again, and the bias added. The integer sums are exact in the kernels' float32
+    accumulators while K * 256 < 2^24; with group scales (applied per K tile) they round as
+    for any float input. `amax`: as in quantize_act_int8."""
     xq, s = quantize_act_int8(x, amax=amax)
     y = (linear(xq).to(torch.float32) / s).to(x.dtype)
     if bias is not None:
         y = y + bias
     return y
+
+
+def a8_epilogue(acc: torch.Tensor, scale: torch.Tensor, s: torch.Tensor,
+                bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """gemm_a8's float32 epilogue on exact integer sums `acc` (float32 [..., N]): acc * scale,
+    / s, + bias, rounded once to dtype."""
+    y = acc * scale / s
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(dtype)

@@ -152,7 +152,20 @@ def probe_kernel() -> str:
     name = getattr(chosen, "name", None) or type(chosen).__name__
     return (f"{name} on this {platform.label} machine (4096x4096 layer, TERNARY_KERNEL "
             f"overrides); activation none: float x into it; int8_per_token: "
-            f"{activation_quantizer(cuda)}, then the same GEMM on the integer-valued x")
+            f"{activation_quantizer(cuda)}, then {a8_kernels(chosen, cuda)}")
+
+
+def a8_kernels(chosen, cuda: bool) -> str:
+    """What an int8_per_token layer of 4096 x 4096 runs on the chosen kernel, by M."""
+    route_a8 = getattr(chosen, "route_a8", None)
+    if route_a8 is None:  # (an older ternary.kernels)
+        return "the same GEMM on the integer-valued x"
+    import torch
+
+    from ternary.kernels import a8_routes
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    return f"{a8_routes(chosen, 4096, 4096, dtype)} (gemm_a8's result at every M)"
 
 
 def activation_quantizer(cuda: bool) -> str:

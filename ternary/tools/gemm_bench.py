@@ -58,6 +58,7 @@ class Row:
     us: dict[str, float | None] = field(default_factory=dict)
     auto_kernel: str = ""
     fused_kernel: str = ""  # the CUDA kernel gemm_fused picks (ternary._ext.fused_route)
+    a8_kernel: str = ""  # the one an int8_per_token layer takes (Kernel.route_a8)
     floor_bw_us: float = 0.0
     floor_compute_us: float = 0.0
     timed_ms: dict[str, float] = field(default_factory=dict)  # GPU time each timing took
@@ -264,6 +265,7 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                                         device=device)
                 row.auto_kernel = choice.route(m, n, k)
                 row.fused_kernel = _ext.fused_route(m, n, k, 0, torch.device(device).index or 0)
+                row.a8_kernel = choice.route_a8(m, n, k, dtype)
                 auto_prep = [choice.prepare(p, s, 0) for p, s in zip(packed, scales)] \
                     if choice.name != "fused" else prepared
                 cases = {
@@ -273,10 +275,9 @@ def run(shapes=SHAPES, m_values=M_VALUES, dtype=torch.bfloat16, gemlite: bool = 
                     "cublas_path": [lambda p=p, s=s, x=x: torch.mm(
                         x, ops.dequantize(p, s, 0, dtype).t()) for p, s in zip(packed, scales)],
                     "cublas_dense": [lambda w=w, x=x: torch.mm(x, w.t()) for w in dense],
-                    # an int8_per_token layer as the plugin runs it: x quantized per token,
-                    # the same route on the integer-valued x, divided by the token scales
-                    "a8": [lambda p=p, x=x, c=choice: ops.linear_a8(
-                        x, lambda q: c.apply(q, p, None)) for p in auto_prep],
+                    # an int8_per_token layer as the plugin runs it (Kernel.apply_a8: with
+                    # the fused kernel, ternary::linear_a8, the quantize included)
+                    "a8": [lambda p=p, x=x, c=choice: c.apply_a8(x, p, None) for p in auto_prep],
                 }
                 # int8 tensor cores: quantize, then ternary::gemm_a8 on the packed codes
                 cases["a8_tc"] = [lambda p=p, s=s, x=x: ops.gemm_a8(
@@ -370,8 +371,8 @@ def render(result: dict) -> None:
                   f"{cb / au:.2f}" if cb and au else "-", f"{gl / au:.2f}" if gl and au else "-",
                   f"{floor:.1f}{'' if r['floor_bw_us'] >= r['floor_compute_us'] else ' (c)'}",
                   f"{100 * floor / au:.0f}" if au else "-",
-                  *((f(us.get("a8")), f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-")
-                    if a8 else ()),
+                  *((f(us.get("a8")) + (f" ({r['a8_kernel']})" if r.get("a8_kernel") else ""),
+                     f"{cb / us['a8']:.2f}" if cb and us.get("a8") else "-") if a8 else ()),
                   *((f(us.get("a8_tc")), f(us.get("a8_tc_rp")),
                      *((f(us.get("a8_wg")),) if wg else ()), f(us.get("int_mm")),
                      _ratio(cb, best_tc(us)), _ratio(us.get("int_mm"), best_tc(us))) if tc else ()))
@@ -389,8 +390,9 @@ def render(result: dict) -> None:
                       "torch._int_mm (cuBLASLt int8) on the dense int8 codes + the same epilogue "
                       "('-' where it refuses the shape, M <= 16)")
     if a8:
-        console.print("A8 route: an int8_per_token layer as the plugin runs it (per-token int8 "
-                      "quantize, `auto` on the integer-valued x, divide by the token scales)")
+        console.print("A8 route: an int8_per_token layer as the plugin runs it (`auto`'s "
+                      "apply_a8; for fused, ternary::linear_a8: the per-token quantize and the "
+                      "kernel in brackets, gemm_a8's result bit for bit)")
     if meta.get("settle_s") and not meta.get("sustain_s"):
         console.print(f"each kernel timed after {meta['settle_s']:g} s idle, so no cell runs at "
                       "the lower clock the previous cell's power draw left")

@@ -12,7 +12,7 @@ Lifecycle (the order vLLM calls it in):
    repacks what it needs.
 4. apply: the kernel's GEMM; for activation int8_per_token (every bitnet checkpoint), on the
    input quantized per token to int8 first, exactly as transformers' bitnet layers do
-   (ternary.ops.linear_a8).
+   (Kernel.apply_a8: the fused kernel's is one op, ternary::linear_a8).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.utils import set_weight_attrs
 
-from ternary import ops
 from ternary.vllm import loading
 from ternary.vllm.spec import QuantSpec, TernaryConfigError
 from ternary.vllm import KERNEL_LOG_PREFIX
@@ -52,7 +51,11 @@ def announce_kernel(kernel, layer: torch.nn.Module, group_size: int,
         return
     _announced.add(key)
     route = kernel.name
-    if getattr(kernel, "max_m", None):
+    if activation == "int8_per_token" and not group_size:
+        from ternary.kernels import a8_routes
+
+        route = f"{kernel.name} (A8: {a8_routes(kernel, n, k, dtype)})"
+    elif getattr(kernel, "max_m", None):
         route = f"{kernel.name} ({large_m_routes(kernel, n, k)})"
     shape = (f"n={n} k={k} dtype={str(dtype).removeprefix('torch.')} group_size={group_size} "
              f"activation={activation}")
@@ -222,8 +225,7 @@ class TernaryLinearMethod(LinearMethodBase):
               bias: torch.Tensor | None = None) -> torch.Tensor:
         kernel, prepared = layer.ternary_kernel, layer.ternary_prepared
         if self.spec.activation == "int8_per_token":
-            return ops.linear_a8(x, lambda xq: kernel.apply(xq, prepared, None), bias,
-                                 amax=split_row_amax(layer, x))
+            return kernel.apply_a8(x, prepared, bias, amax=split_row_amax(layer, x))
         return kernel.apply(x, prepared, bias)
 
 
