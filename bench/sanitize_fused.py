@@ -1,7 +1,7 @@
 """A small workload for compute-sanitizer (memcheck, racecheck): every fused-kernel template
 instance the dispatcher can pick (M tiers, group and channel scales, both dtypes), on shapes
 with ragged N and K so the bounds checks are exercised; then the int8 path (quantize_act_int8
-and gemm_a8, every output dtype, ragged tiles). Exits non-zero on a wrong result.
+and gemm_a8, every output dtype, ragged tiles), and linear_a8 on each of its routes. Exits non-zero on a wrong result.
 
 Imports the installed ternary (run it with -P), or the checkout's on PYTHONPATH."""
 
@@ -101,4 +101,29 @@ for m, n, k in ((1, 1, 4), (3, 37, 68), (16, 65, 132), (17, 129, 260), (70, 200,
         torch.cuda.synchronize()
         if not torch.isfinite(y).all() or not torch.equal(y, y2) or not torch.equal(y, y3):
             sys.exit(f"gemm_a8 / gemm_a8_repacked output wrong m={m} n={n} k={k} {dtype}")
+# linear_a8, the int8_per_token layer: each route it picks by M (the float kernels' decode,
+# decode_nt2, gemm_nt and on Hopper wgmma_big with the 1/s epilogue on x_q padded to the tile;
+# the int8 kernels elsewhere), K off the tile, odd N, tensor and channel scale, bias or
+# none; wgmma_big unsplit, split 2 ways (its finish kernel applies the epilogue) and with
+# the last partial wave split
+for m, n, k in ((1, 45, 196), (5, 70, 260), (12, 33, 516), (40, 389, 1000), (100, 65, 132),
+                (128, 200, 68), (129, 63, 2052), (300, 300, 96), (100, 128 * SMS + 40, 128),
+                (40, 128 * (SMS // 3), 2040), (49, 128 * (SMS + 2) - 50, 2048),
+                # M 129-256 on wgmma_big: one wave of 256-token tiles, and past a wave (the
+                # persistent kernel)
+                (200, 64 * SMS + 40, 320), (250, 128 * (7 * SMS // 4) - 76, 640)):
+    codes = torch.randint(-1, 2, (n, k), dtype=torch.int8, device="cuda")
+    packed = ops.pack(codes)
+    repacked = ops.repack(packed)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.randn(m, k, dtype=dtype, device="cuda")
+        scale = torch.rand(1 if m % 2 else n, device="cuda") + 0.5
+        bias = torch.randn(n, dtype=dtype, device="cuda") if m % 3 else None
+        xq, sx = ops.quantize_act_int8(x, torch.int8)
+        want = ops.gemm_a8(xq, sx, packed, scale, bias, dtype)
+        y = ops.linear_a8(x, repacked, n, scale, bias)
+        torch.cuda.synchronize()
+        if not torch.equal(y, want):
+            sys.exit(f"linear_a8 ({_ext.linear_a8_route(m, n, k, dtype)}) differs from "
+                     f"gemm_a8 m={m} n={n} k={k} {dtype}")
 print("sanitize workload done")

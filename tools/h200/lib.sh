@@ -243,7 +243,8 @@ stage_gpu_tests() {  # the op and kernel tests alone (build runs the whole suite
   need ternary || { record gpu-tests 1 0 "prerequisite missing (see above)"; return 1; }
   # the int8 tensor-core tests first, in a process of their own: a fault there (an illegal
   # address ends the CUDA context) must not take the other kernels' results with it
-  run_step gpu-tests-a8 120 20 "$VPY" -P -m pytest "$REPO/tests/test_gemm_a8.py" \
+  run_step gpu-tests-a8 180 20 "$VPY" -P -m pytest "$REPO/tests/test_gemm_a8.py" \
+    "$REPO/tests/test_linear_a8.py" \
     -q -p no:cacheprovider
   local rc=$?
   run_step gpu-tests 180 30 "$VPY" -P -m pytest "$REPO/tests/test_ops_gpu.py" \
