@@ -612,7 +612,8 @@ at::Tensor linear_a8_cuda(const at::Tensor& x, const at::Tensor& repacked, int64
   TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat && scale.dim() == 1 &&
                     (scale.size(0) == n || scale.size(0) == 1),
       msg("linear_a8 takes a channel scale float32 [", n, "] or a tensor scale [1]; got ",
-          scale.scalar_type(), " ", scale.sizes(), " (group scales: ternary.ops.linear_a8)"));
+          scale.scalar_type(), " ", scale.sizes(),
+          " (group scales: ternary.ops.linear_a8_float)"));
   if (bias) {
     TORCH_CHECK_VALUE(bias->scalar_type() == xt && bias->dim() == 1 && bias->size(0) == n,
         msg("linear_a8's bias must be [", n, "] of x's dtype ", xt, "; got ",

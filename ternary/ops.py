@@ -13,6 +13,8 @@ along K, LSB first, code = w + 1; scale float32 [N] (channel), [1] (tensor) or
 from __future__ import annotations
 
 
+import math
+
 import torch
 
 from ternary import _ext, settings
@@ -263,7 +265,9 @@ def _check_a8_rest(xq, s, scale, bias, out_dtype, n: int) -> None:
 def check_linear_a8(x: torch.Tensor, repacked: torch.Tensor, n: int, scale: torch.Tensor,
                     bias: torch.Tensor | None, s: torch.Tensor | None) -> int:
     """K of a linear_a8 call, or a ValueError naming the argument (csrc/ops.cpp's wording)."""
-    if x.dim() < 1 or x.dtype not in ACTIVATION_DTYPES:
+    if x.dim() < 1:
+        raise ValueError(f"linear_a8: x must have at least one dimension; got {list(x.shape)}")
+    if x.dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"linear_a8 takes float16, bfloat16 or float32 activations; got x "
                          f"{x.dtype} {list(x.shape)}")
     k = x.shape[-1]
@@ -275,11 +279,11 @@ def check_linear_a8(x: torch.Tensor, repacked: torch.Tensor, n: int, scale: torc
     if scale.dtype != torch.float32 or scale.dim() != 1 or scale.shape[0] not in (n, 1):
         raise ValueError(f"linear_a8 takes a channel scale float32 [{n}] or a tensor scale "
                          f"[1]; got {scale.dtype} {list(scale.shape)} (group scales: "
-                         "ternary.ops.linear_a8)")
+                         "ternary.ops.linear_a8_float)")
     if bias is not None and (bias.dtype != x.dtype or list(bias.shape) != [n]):
         raise ValueError(f"linear_a8's bias must be [{n}] of x's dtype {x.dtype}; got "
                          f"{bias.dtype} {list(bias.shape)}")
-    m = x.numel() // k if k else 0
+    m = math.prod(x.shape[:-1])
     if s is not None and (s.dtype != torch.float32 or s.numel() != m):
         raise ValueError(f"linear_a8 takes s float32 with one value a row of x ({m} rows, x "
                          f"{list(x.shape)}); got {s.dtype} {list(s.shape)}")
@@ -344,7 +348,11 @@ def _gemm_a8_ref(xq, s, packed, scale, bias, out_dtype):
 def _linear_a8_ref(x, repacked, n, scale, bias, s):
     """quantize_act_int8 (unless s is given), then gemm_a8 on the unrepacked codes."""
     k = check_linear_a8(x, repacked, n, scale, bias, s)
-    x2 = x.reshape(-1, k)
+    m = math.prod(x.shape[:-1])
+    if m == 0 or n == 0 or k == 0:  # empty sums: 0 + bias (as the CUDA op)
+        y = x.new_zeros((m, n)) if bias is None else bias.expand(m, n).clone()
+        return y.view(*x.shape[:-1], n)
+    x2 = x.reshape(m, k)
     if s is None:
         xq, s2 = _quantize_act_int8_ref(x2, torch.int8)
     else:

@@ -117,15 +117,18 @@ def _bad_calls(device):
         ((torch.zeros(3, 128, dtype=torch.bfloat16, device=device), rp, 40, sc, None, None),
          r"for n=40 and x's K=128"),
         ((x, rp, 40, torch.ones(40, 1, device=device), None, None),
-         r"channel scale float32 \[40\] or a tensor scale \[1\].*\[40, 1\].*group scales"),
+         r"channel scale float32 \[40\] or a tensor scale \[1\].*\[40, 1\].*group scales: "
+         r"ternary\.ops\.linear_a8_float"),
         ((x, rp, 40, sc, torch.zeros(40, device=device), None),
          r"bias must be \[40\] of x's dtype"),
         ((x, rp, 40, sc, None, torch.ones(2, device=device)),
          r"s float32 with one value a row of x \(3 rows"),
+        ((torch.zeros((), dtype=torch.bfloat16, device=device), rp, 40, sc, None, None),
+         r"x must have at least one dimension; got \[\]"),
     ]
 
 
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(7))
 def test_bad_arguments_are_refused_by_name(i):
     args, match = _bad_calls("cpu")[i]
     with pytest.raises(ValueError, match=match):
@@ -315,11 +318,38 @@ def test_cuda_kernels_apply_a8_agree_bit_for_bit():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(7))
 def test_cuda_op_refuses_bad_arguments_by_name(i):
     args, match = _bad_calls("cuda")[i]
     with pytest.raises(ValueError, match=match):
         torch.ops.ternary.linear_a8(*args)
+
+
+@pytest.mark.gpu
+def test_cuda_op_refuses_tensors_on_other_devices_and_route_refuses_bad_arguments():
+    from ternary import _ext
+
+    packed, repacked, scale, bias = _layer(40, 64, "cuda", bias_dtype=torch.bfloat16)
+    x = _x(3, 64, torch.bfloat16, "cuda")
+    with pytest.raises(RuntimeError, match=r"x, repacked and scale must be on one device"):
+        torch.ops.ternary.linear_a8(x, repacked.cpu(), 40, scale, bias, None)
+    with pytest.raises(RuntimeError, match=r"bias and s must be on x's device"):
+        torch.ops.ternary.linear_a8(x, repacked, 40, scale, bias.cpu(), None)
+    for args in ((-1, 40, 64, "bfloat16", 0), (3, 40, 64, "int8", 0),
+                 (3, 40, 64, "bfloat16", torch.cuda.device_count())):
+        with pytest.raises(RuntimeError, match=r"linear_a8_route takes m, n, k >= 0"):
+            _ext.require().linear_a8_route(*args)
+
+
+@pytest.mark.parametrize("device", ("cpu", pytest.param("cuda", marks=pytest.mark.gpu)))
+def test_empty_calls_are_the_bias(device):
+    """M = 0 and K = 0 (empty sums): zeros plus the bias, on the reference and the CUDA op."""
+    _, _, scale, bias = _layer(40, 64, device, bias_dtype=torch.float32)
+    empty = torch.zeros(ops.repacked_shape(40, 0), dtype=torch.uint8, device=device)
+    y = ops.linear_a8(torch.zeros(2, 3, 0, device=device), empty, 40, scale, bias)
+    assert torch.equal(y, bias.expand(2, 3, 40))
+    assert torch.equal(ops.linear_a8(torch.zeros(3, 0, device=device), empty, 40, scale),
+                       torch.zeros(3, 40, device=device))
 
 
 @pytest.mark.gpu
