@@ -4,8 +4,8 @@ Kernel.apply_a8, which the vLLM plugin calls for such layers.
 The op quantizes x per token and returns gemm_a8's result (the exact integer sums, then
 sum * scale / s + bias in float32, rounded once), whichever kernel it picks by M: the float
 kernels with gemm_a8's epilogue up to 128 rows (the decode kernels, wgmma_big split or not,
-fused_gemm_nt) and up to 256 where gemm_fused takes wgmma_big, the int8 kernels elsewhere. So every route is
-checked bit for bit against ternary::gemm_a8 on quantize_act_int8's x_q, itself checked
+fused_gemm_nt) and up to 256 where gemm_fused takes wgmma_big, the int8 kernels elsewhere.
+So every route is checked bit for bit against ternary::gemm_a8 on quantize_act_int8's x_q, itself checked
 against int64 (tests/test_gemm_a8.py), on fresh random activations with outlier channels and a
 row of zeros, odd N and K, under CUDA graphs and torch.compile.
 
@@ -112,7 +112,8 @@ def _bad_calls(device):
     rp = torch.zeros(ops.repacked_shape(40, 64), dtype=torch.uint8, device=device)
     sc = torch.ones(40, device=device)
     return [
-        ((x.to(torch.int8), rp, 40, sc, None, None), r"float16, bfloat16 or float32 activations; got x (torch.int8|Char)"),
+        ((x.to(torch.int8), rp, 40, sc, None, None),
+         r"float16, bfloat16 or float32 activations; got x (torch.int8|Char)"),
         ((x, rp, 70, sc, None, None), r"repacked must be uint8 \[3, 1, 512\] for n=70"),
         ((torch.zeros(3, 128, dtype=torch.bfloat16, device=device), rp, 40, sc, None, None),
          r"for n=40 and x's K=128"),
