@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/async.cuh"
 #include "common/decode.cuh"
@@ -43,8 +44,11 @@ inline namespace TERNARY_TU {
 // launch, the tree sum and the stores.
 // MINB 2 keeps the kernel to 64 registers, so that two 16-warp blocks share an SM
 // (launch_decode says where).
+// SR: srow is read (ternary::linear_a8). A compile-time flag, so that activation none's
+// instances carry no per-row pointer: as a runtime pointer it cost them spill traffic
+// (244 B of spill loads on sm_90a, 788 B on sm_80, against 140 and 420 without it).
 template <typename T, int S, int NB, int NT, int ABL = 0, bool XS = false, bool SE = false,
-          int MINB = 1>
+          int MINB = 1, bool SR = false>
 __global__ void __launch_bounds__(512, MINB)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
@@ -233,7 +237,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
                           (SE ? se[j][hb][e >> 1] : per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
           y[(int64_t)row * n + col] =
-              from_float<T>(epilogue(acc[j][hb][nb][e], s, b, bias, srow, row));
+              from_float<T>(epilogue(acc[j][hb][nb][e], s, b, bias, SR ? srow : nullptr, row));
         }
     }
 }
@@ -276,9 +280,13 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
   // they run in two rounds. The bound costs every other instance about 1 %, so only these
   // grids take it (bounded, the two-m-block kernels spill).
   const bool two = NB == 1 && nwarps == 16 && blocks > num_sms;
-  auto kernel = xs    ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE>
-                : two ? fused_decode_kernel<T, S, NB, NT, ABL, false, SE, NB == 1 ? 2 : 1>
-                      : fused_decode_kernel<T, S, NB, NT, ABL, false, SE>;
+  auto pick = [&](auto sr) {
+    constexpr bool SR = decltype(sr)::value;
+    return xs    ? fused_decode_kernel<T, S, NB, NT, ABL, XS != 0, SE, 1, SR>
+           : two ? fused_decode_kernel<T, S, NB, NT, ABL, false, SE, NB == 1 ? 2 : 1, SR>
+                 : fused_decode_kernel<T, S, NB, NT, ABL, false, SE, 1, SR>;
+  };
+  auto kernel = srow ? pick(std::true_type{}) : pick(std::false_type{});
   const size_t bytes = smem + (xs ? xs_bytes : 0);
   if (bytes > 227 * 1024) return cudaErrorInvalidValue;  // (XS = 2: bench/kernel_lab.cu only)
   if (bytes > 48 * 1024) {
