@@ -48,6 +48,8 @@ bool sm90a_image_loaded();
 // launch_a8_permute into xp [m, gemm_a8_wgmma_kp(k)] (the kernel's k order, zero padded) and
 // rsum [m] (its row sums); then launch_gemm_a8_wgmma. xp and repacked 16-byte aligned.
 int64_t gemm_a8_wgmma_kp(int64_t k);
+// The kernel's grid: its 128-token x 256-channel tiles over [m, n]
+int64_t gemm_a8_wgmma_tiles(int64_t m, int64_t n);
 cudaError_t launch_a8_permute(const int8_t* xq, int64_t ldq, int64_t k, int8_t* xp, int32_t* rsum,
                               int64_t m, cudaStream_t stream);
 cudaError_t launch_gemm_a8_wgmma(const int8_t* xp, const float* s, const int32_t* rsum,
@@ -62,8 +64,8 @@ constexpr int64_t kA8WgmmaMinM = 128;
 // Up to kLinearA8FloatMaxM rows (and K below kLinearA8FloatMaxK, float16/bfloat16 x) x_q stays
 // in x's dtype and takes the float kernels with gemm_a8's epilogue
 // (launch_linear_a8_fused, linear_a8_fused_takes): at M <= 128, and on Hopper up to
-// M = 256 where gemm_fused takes wgmma_big, they are faster than both int8 kernels (whose
-// 128 x 256 tiles leave most SMs idle at M = 256 on these N; docs/kernels.md). Elsewhere, or
+// M = 256 where gemm_fused takes wgmma_big and wgmma_a8's 128 x 256 tiles would fill fewer
+// than half the SMs, they are faster than both int8 kernels (docs/kernels.md). Elsewhere, or
 // for float32 x or longer K, x_q is int8 and gemm_a8_repacked's kernels run. K * 256 < 2^24
 // keeps the float kernels' sums exact integers (their codes c = w + 1 <= 2 times
 // |x_q| <= 128).
@@ -80,7 +82,7 @@ cudaError_t launch_linear_a8_fused(const void* xq, int64_t ldx, const uint8_t* r
                                    int num_sms, float* workspace, cudaStream_t stream);
 int64_t linear_a8_workspace_floats(int64_t m, int64_t n, int64_t k, int num_sms);
 // Whether launch_linear_a8_fused takes this call (k a multiple of 64): M <= 128, or M up to
-// kLinearA8FloatMaxM where its kernel is wgmma_big
+// kLinearA8FloatMaxM where its kernel is wgmma_big and gemm_a8_wgmma_tiles(m, n) * 2 < num_sms
 bool linear_a8_fused_takes(int64_t m, int64_t n, int64_t k, int num_sms);
 // The kernel launch_linear_a8_fused runs for this call (one of gemm_fused_route's names).
 const char* linear_a8_fused_route(int64_t m, int64_t n, int64_t k, int num_sms);

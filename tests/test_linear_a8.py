@@ -189,7 +189,8 @@ MS = (1, 3, 8, 9, 16, 17, 33, 64, 100, 128, 129, 200, 256, 257, 300, 1024)
 
 def _expect_route(m, n, k, dtype):
     """linear_a8's kernel: gemm_fused's at M <= 16 (the decode kernels) and where that is
-    wgmma_big up to M = 256, else fused_gemm_nt up to 128 rows; the int8 kernels above."""
+    wgmma_big up to M = 128, else fused_gemm_nt; up to M = 256 wgmma_big where wgmma_a8's
+    128 x 256 tiles would fill under half the SMs; the int8 kernels above."""
     from ternary import _ext
 
     dev = torch.cuda.current_device()
@@ -198,7 +199,9 @@ def _expect_route(m, n, k, dtype):
         if m <= 16:
             assert fused.startswith("decode"), fused
             return fused
-        if fused.startswith("wgmma_big"):
+        a8_tiles = -(-m // 128) * -(-n // 256)
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        if fused.startswith("wgmma_big") and (m <= 128 or 2 * a8_tiles < sms):
             return fused
         if m <= 128:
             return "fused_gemm_nt"
@@ -228,7 +231,8 @@ def test_cuda_every_route_is_gemm_a8_bit_for_bit(m, n, k, dtype):
 
 @pytest.mark.gpu
 def test_cuda_hopper_takes_wgmma_big_split_unsplit_and_tail():
-    """On the H200 (sm_90a image, 132 SMs) the layers above reach each wgmma_big launch."""
+    """On the H200 (sm_90a image, 132 SMs) the layers above reach each wgmma_big launch, and
+    M 129-256 takes it only while wgmma_a8's grid would fill under half the SMs."""
     from ternary import _ext
 
     dev = torch.cuda.current_device()
@@ -237,9 +241,11 @@ def test_cuda_hopper_takes_wgmma_big_split_unsplit_and_tail():
         pytest.skip("needs an sm_90a build on a 132-SM Hopper (the H200, H100 SXM)")
     for m, (n, k), want in ((64, (2560, 2560), "wgmma_big_splitk"),
                             (64, (8500, 512), "wgmma_big"), (64, (17900, 2048), "wgmma_big_tail"),
-                            (250, (29500, 640), "wgmma_big"), (257, (29500, 640), "wgmma_a8")):
+                            (250, (6144, 4096), "wgmma_big"),
+                            (250, (4096, 11008), "wgmma_big_splitk"),
+                            (250, (8200, 4096), "wgmma_a8"),  # 2 x 33 tiles: 66 of 132 SMs
+                            (250, (12288, 4096), "wgmma_a8"), (257, (6144, 4096), "wgmma_a8")):
         assert _ext.linear_a8_route(m, n, k, torch.bfloat16, dev) == want, (m, n, k)
-    assert _ext.fused_plan(250, 29500, 640, 0, dev)["persistent"]
 
 
 @pytest.mark.gpu

@@ -366,6 +366,10 @@ cudaError_t launch_typed(const int8_t* xp, int64_t kp, const float* s, const int
 
 int64_t gemm_a8_wgmma_kp(int64_t k) { return (k + kTileK - 1) / kTileK * kTileK; }
 
+int64_t gemm_a8_wgmma_tiles(int64_t m, int64_t n) {
+  return (m + kA8Rows - 1) / kA8Rows * ((n + kA8Cols - 1) / kA8Cols);
+}
+
 cudaError_t launch_a8_permute(const int8_t* xq, int64_t ldq, int64_t k, int8_t* xp, int32_t* rsum,
                               int64_t m, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
