@@ -27,6 +27,9 @@ OUT = (torch.bfloat16, torch.float16, torch.float32)
 # three roundings add EPI relative to its terms (the product and the bias: they can cancel)
 REL = {torch.bfloat16: 2**-8, torch.float16: 2**-11, torch.float32: 2**-24}
 EPI = 2**-22
+# ... and below the output's normal range its rounding is half its subnormal step, whatever
+# the result (float16: 2^-25, which a bias cancelling the product reaches)
+SUB = {d: torch.finfo(d).smallest_normal * torch.finfo(d).eps / 2 for d in REL}
 SHAPES = ((1, 1, 4), (1, 37, 68), (3, 64, 64), (5, 65, 132), (16, 129, 260), (17, 96, 1000),
           (64, 2560, 2560), (100, 3840, 2560), (257, 63, 6912), (1024, 131, 516),
           (4096, 200, 128), (16384, 72, 96), (300, 600, 1000), (640, 1100, 1088))
@@ -96,7 +99,7 @@ def _within_rounding(y: torch.Tensor, ref_terms, dtype, what: str) -> None:
     ref, terms = ref_terms
     y = y.cpu().double()
     assert torch.isfinite(y).all(), f"{what}: {int((~torch.isfinite(y)).sum())} unwritten/NaN"
-    bound = ref.abs() * REL[dtype] + terms * EPI + 1e-30
+    bound = ref.abs() * REL[dtype] + terms * EPI + SUB[dtype]
     bad = (y - ref).abs() > bound
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {y.numel()} outputs beyond float "
                            f"rounding; first at {bad.nonzero()[0].tolist()}")
