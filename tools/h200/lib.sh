@@ -21,6 +21,7 @@ BENCH_PROFILE_STEPS=${BENCH_PROFILE_STEPS:-0}   # bench: profile this many decod
 # bench: more bench-serve options, split at spaces, so JSON without them:
 #   BENCH_EXTRA='--engine-arg compilation_config={"cudagraph_mode":"PIECEWISE"}'
 #   BENCH_EXTRA='--variant sync:async_scheduling=false' (each model also without asynchronous scheduling)
+#   BENCH_EXTRA='--profile-prefill' (each batch's prefill: where TTFT goes; not with BENCH_PROFILE_STEPS)
 BENCH_EXTRA=${BENCH_EXTRA:-}
 TP=${TP:-2}                                     # the tp-* stages: tensor parallel size
 TP_VALIDATE_DTYPES=${TP_VALIDATE_DTYPES:-float32,bfloat16}  # first one that runs is kept
