@@ -179,11 +179,12 @@ def test_route_summary_merges_the_sampled_m_into_ranges():
 # ---------------------------------------------------------------------------------------
 # GPU: every route bit for bit against gemm_a8.
 
-# (on the H200's 132 SMs: 2560 x 2560 takes wgmma_big split 4 ways at M 33-128, 8500 x 512
-# unsplit, 17900 x 2048 unsplit with its last partial wave split, 29500 x 640 at M 129-256
-# the persistent kernel)
+# (on the H200's 132 SMs: 2560 x 2560 takes wgmma_big split 4 ways at M 33-256, 8500 x 512
+# unsplit, 17900 x 2048 unsplit with its last partial wave split, 6144 x 4096 unsplit at
+# M 129-256 too (two 128-token row blocks), 29500 x 640 wgmma_a8 from M 129: its int8 grid
+# fills more than half the SMs there)
 LAYERS = ((37, 68), (129, 260), (600, 1000), (2560, 2560), (8500, 512), (17900, 2048),
-          (29500, 640))
+          (6144, 4096), (29500, 640))
 MS = (1, 3, 8, 9, 16, 17, 33, 64, 100, 128, 129, 200, 256, 257, 300, 1024)
 
 

@@ -332,7 +332,10 @@ bool linear_a8_fused_takes(int64_t m, int64_t n, int64_t k, int num_sms) {
   if (m <= 128) return true;
   // wgmma_a8's time stays flat while its grid leaves SMs idle and wgmma_big's grows with N:
   // at M = 256 on the H200 the float kernel won every shape whose int8 grid filled under half
-  // the SMs (32-48 tiles) and lost every one that filled more (96-172; docs/kernels.md)
+  // the SMs (20-48 tiles) and lost every one that filled more (96-172; docs/kernels.md).
+  // wgmma_big exists only in sm_90a images, so the other side is always wgmma_a8; and under
+  // this rule its tiles here are always 128 tokens (256-token ones stay unsplit only where
+  // their column blocks make half a wave, which this sends to wgmma_a8), never persistent.
   return m <= kLinearA8FloatMaxM && gemm_a8_wgmma_tiles(m, n) * 2 < num_sms &&
          pick_route_a8(m, n, k, num_sms).kernel == FusedKernel::kWgmmaBig;
 }
