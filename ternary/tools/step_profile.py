@@ -171,10 +171,15 @@ def prefill_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
     all_steps = steps(trace)
     prefill = [(all_steps[i + 1].start - s.start, s) for i, s in enumerate(all_steps[:-1])
                if s.context > 0]
+    seen = [(s.context, s.generation) for s in all_steps]
     if not prefill:
-        seen = sorted({(s.context, s.generation) for s in all_steps})
         raise ProfileError(f"no prefill step followed by another step in the trace; its steps "
-                           f"(prefill, decode requests): {seen}")
+                           f"(prefill, decode requests): {sorted(set(seen))}")
+    last = max(i for i, s in enumerate(all_steps) if s.context > 0)
+    if not any(s.context == 0 for s in all_steps[last + 1:]):
+        # a sum over part of the prefill would read as all of it
+        raise ProfileError(f"the trace ends inside the prefill (its steps, prefill and decode "
+                           f"requests: {seen}): profile more steps")
     return {"batch": batch, "phase": "prefill", **_breakdown(prefill, sum, top)}
 
 

@@ -138,6 +138,11 @@ def test_refusals(tmp_path):
                                    if "context_2" not in e.get("name", "")]}
     with pytest.raises(sp.ProfileError, match=r"no prefill step.*\[\(0, 2\)\]"):
         sp.prefill_breakdown(decode_only, batch=2)
+    # a window that closes inside a chunked prefill: its sum would be part of the prefill
+    ev = [_step(0, 10, 1, 0), _launch(1, 1), _kernel(20, 100, 1, "void ternary::k<1>"),
+          _step(200, 10, 1, 0), _launch(201, 2), _kernel(220, 300, 2, "void ternary::k<1>")]
+    with pytest.raises(sp.ProfileError, match=r"ends inside the prefill.*\(1, 0\), \(1, 0\)"):
+        sp.prefill_breakdown({"traceEvents": ev}, batch=1)
     bad = tmp_path / "t.pt.trace.json"
     bad.write_text("{not json")
     with pytest.raises(sp.ProfileError, match="t.pt.trace.json: not a readable"):
