@@ -163,7 +163,7 @@ std::vector<Variant> variants() {
       }
       const int64_t tiles = (m + 255) / 256 * ((n + 127) / 128);  // (M <= 64: any BNX's)
       return launcher(x, k, w, s, nullptr, y, m, n, k, false, splits, tail ? tiles % sms : 0, ws,
-                      sms, st);
+                      sms, st, nullptr);  // (no srow: activation none)
     };
   };
   v.push_back({"wgbig-256-s4", 1 << 20, big(launch_wgmma_big<bf16, 256, 4>)});
