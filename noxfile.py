@@ -149,6 +149,23 @@ def setup(session: nox.Session) -> None:
         session.log(f"{name}: {tc.provider} CUDA {tc.nvcc_version} at {tc.cuda_home}")
 
 
+@nox.session(name="kernel-lab", venv_backend="none", default=False)
+def kernel_lab(session: nox.Session) -> None:
+    """bench/kernel_lab.cu (the kernels' templates on raw CUDA, run on the GPU machine only)
+    compiled for sm_90a with h100's toolchain, so a change to a kernel's signature that
+    breaks it fails here rather than in a later device call. Compiled, not linked: the deb
+    toolchain has no static CUDA runtime, and csrc's files are the wheel's builds."""
+    import tempfile
+
+    from ternary._build import toolchains
+
+    tc = toolchains.resolve(TARGETS["h100"], "auto")
+    with tempfile.TemporaryDirectory(prefix="kernel-lab-") as tmp:
+        session.run("bash", str(REPO / "bench" / "kernel_lab.sh"), external=True,
+                    env={**tc.env, "NVCC": str(tc.cuda_home / "bin" / "nvcc"),
+                         "LAB_COMPILE_ONLY": str(Path(tmp) / "kernel_lab.o")})
+
+
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The CPU test suite in the cpu target's locked environment (README's test command)."""

@@ -13,6 +13,14 @@ read -r major minor <<<"$ver"
 if [ -z "$major" ] || [ "$major" -lt 12 ] || { [ "$major" -eq 12 ] && [ "$minor" -lt 4 ]; }; then
   echo "kernel_lab.sh: $NVCC is CUDA '$major.$minor'; sm_90a needs CUDA >= 12.4" >&2; exit 2
 fi
-"$NVCC" -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-  bench/kernel_lab.cu csrc/pack.cu csrc/fused/*.cu -o "${LAB_OUT:-bench/kernel_lab}"
+flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc)
+if [ -n "${LAB_COMPILE_ONLY:-}" ]; then
+  # kernel_lab.cu alone, to an object (nox -s kernel-lab, .ci/run): the templates it
+  # instantiates with its own parameters still compile; csrc's own files are the wheel's
+  "$NVCC" "${flags[@]}" -c bench/kernel_lab.cu -o "$LAB_COMPILE_ONLY"
+  echo "bench/kernel_lab.cu compiled to $LAB_COMPILE_ONLY with $NVCC (CUDA $major.$minor)"
+  exit 0
+fi
+"$NVCC" "${flags[@]}" bench/kernel_lab.cu csrc/pack.cu csrc/fused/*.cu \
+  -o "${LAB_OUT:-bench/kernel_lab}"
 echo "${LAB_OUT:-bench/kernel_lab} built with $NVCC (CUDA $major.$minor)"
