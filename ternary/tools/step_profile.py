@@ -160,7 +160,7 @@ def decode_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
         seen = sorted({(s.context, s.generation) for s in all_steps})
         raise ProfileError(f"no decode step of {batch} requests followed by another step in the "
                            f"trace; its steps (prefill, decode requests): {seen}")
-    return {"batch": batch, **_breakdown(decode, statistics.median, top)}
+    return {"batch": batch, **_breakdown(decode, top, typical=True)}
 
 
 def prefill_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
@@ -180,19 +180,18 @@ def prefill_breakdown(trace: dict, batch: int, top: int = 8) -> dict:
         # a sum over part of the prefill would read as all of it
         raise ProfileError(f"the trace ends inside the prefill (its steps, prefill and decode "
                            f"requests: {seen}): profile more steps")
-    return {"batch": batch, "phase": "prefill", **_breakdown(prefill, sum, top)}
+    return {"batch": batch, "phase": "prefill", **_breakdown(prefill, top, typical=False)}
 
 
-def _breakdown(chosen: list[tuple[float, Step]], reduce, top: int) -> dict:
+def _breakdown(chosen: list[tuple[float, Step]], top: int, typical: bool) -> dict:
     """step_ms, busy_ms, host_gap_ms, categories_ms and the top kernels of the (period, step)
-    pairs, each reduced over the steps by `reduce` (median: a typical step; sum: all of
-    them); top kernels are per reduced step (their total over the steps, divided by the
-    count for the median)."""
+    pairs: with `typical` the median step (top kernels: their total over the steps / the
+    count), else all the steps summed."""
     n = len(chosen)
-    per = n if reduce is statistics.median else 1
+    per = n if typical else 1
 
     def red(values):
-        return reduce(values) / 1000.0
+        return (statistics.median(values) if typical else sum(values)) / 1000.0
 
     cats = [c for c, _ in CATEGORIES]
     names: dict[str, list] = {}
