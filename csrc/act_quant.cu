@@ -14,11 +14,13 @@
 // 2 KiB (8 rows a block), a block of up to 1024 threads a row of up to 128 KiB; longer rows
 // (float32 K > 32768, fp16/bf16 K > 65536) take a kernel that reads the row twice (the second
 // read mostly from L2).
+#define TERNARY_TU act_quant_cu  // this file's namespace (common/tu.cuh)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "common/launch.cuh"
 #include "dtype.cuh"
 #include "kernels.h"
 
@@ -182,6 +184,9 @@ template <typename T, typename OutT, int VPT, bool WARP>
 __global__ void __launch_bounds__(1024)
 act_quant_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restrict__ s,
                  int64_t m, int64_t k, int64_t ldq) {
+  // the GEMM launched after this (ternary::linear_a8's, programmatic) may start its weight
+  // stream now; it waits for this grid's x_q and s (pdl_wait) before it reads them
+  pdl_trigger();
   __shared__ uint32_t red[2][32];
   const int tid = WARP ? (threadIdx.x & 31) : threadIdx.x;
   const int nthr = WARP ? 32 : blockDim.x;
@@ -228,6 +233,7 @@ template <typename T, typename OutT>
 __global__ void __launch_bounds__(kLongThreads)
 act_quant_long_kernel(const T* __restrict__ x, OutT* __restrict__ q, float* __restrict__ s,
                       int64_t m, int64_t k, int64_t ldq) {
+  pdl_trigger();  // (as act_quant_kernel)
   __shared__ uint32_t red[2][32];
   const int tid = threadIdx.x, nthr = blockDim.x;
   int parity = 0;

@@ -300,6 +300,41 @@ def test_cuda_graph_capture_replay(m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m", (1, 4, 16, 64, 200))
+def test_cuda_chained_layers_each_read_their_own_quantize(m):
+    """Layer after layer, each x the output of the one before, as in a model. On Hopper the
+    float kernels launch before linear_a8's quantize ends (programmatic launches,
+    csrc/fused/decode_kernel.cuh) and must still read that quantize's x_q, not what its
+    block held from the layer before (the allocator hands the same block back); eager and
+    replayed from a CUDA graph."""
+    n = k = 2560
+    layers = [_layer(n, k, "cuda", bias_dtype=torch.bfloat16) for _ in range(6)]
+
+    def chain(x):
+        outs = []
+        for _, repacked, scale, bias in layers:
+            x = ops.linear_a8(x, repacked, n, scale, bias)
+            outs.append(x)
+        return outs
+
+    def check(x, outs, what):
+        for i, (packed, _, scale, bias) in enumerate(layers):
+            _same_bits(outs[i], _want(x if i == 0 else outs[i - 1], packed, scale, bias),
+                       f"{what} m={m} layer {i}")
+
+    x = _x(m, k, torch.bfloat16, "cuda")
+    check(x, chain(x), "eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain(x)
+    for _ in range(2):
+        x.copy_(_x(m, k, torch.bfloat16, "cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(x, outs, "replay")
+
+
+@pytest.mark.gpu
 def test_cuda_torch_compile_keeps_every_route():
     """One compiled graph at three M (dynamic): the route is chosen inside the op per call."""
     n, k = 128, 640

@@ -16,13 +16,30 @@ inline namespace TERNARY_TU {
 // kernel (the weight stream: weights, scales and bias are written only at load time) and then
 // pdl_wait()s, which returns once every earlier kernel has finished and its writes are visible.
 // Every thread waits before it reads x or writes y or a workspace (an earlier kernel may
-// produce x, or still read the memory y now occupies). pdl_trigger() (sm_90a bodies) lets
+// produce x, or still read the memory y now occupies). pdl_trigger() (sm_90+ bodies) lets
 // the next kernel, where it was launched with pdl, start its own prologue. Launched without
-// the attribute, or before sm_90, both are no-ops.
+// the attribute, or in a body built for an arch before sm_90, both are no-ops (so a caller
+// launches with pdl only where the sm_90a image runs: sm90a_image_loaded).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// What an earlier kernel writes (x, linear_a8's s) is read after pdl_wait with coherent loads
+// only: ptxas takes ld.global.nc (what __ldg and const __restrict__ pointers compile to) for
+// memory that is read-only for the kernel's whole life and schedules it above
+// griddepcontrol.wait, so a programmatic launch read x before the kernel before it had
+// written it (the decode kernel's first x loads, on the H200 under CUDA graphs). An asm
+// volatile, so that the compiler keeps it below the wait too.
+__device__ __forceinline__ float ld_coherent(const float* p) {
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
 }
 
 }  // namespace TERNARY_TU

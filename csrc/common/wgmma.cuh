@@ -11,6 +11,7 @@
 
 #include "common/async.cuh"
 #include "common/epilogue.cuh"
+#include "common/launch.cuh"
 #include "common/layout.cuh"
 #include "dtype.cuh"
 
@@ -22,9 +23,6 @@ inline namespace TERNARY_TU {
 constexpr int kBigConsumers = 256;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (helpers of the sm_90a body only)
-__device__ __forceinline__ void pdl_trigger() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 template <typename T> struct WgDec;
 template <> struct WgDec<__nv_bfloat16> {
   static constexpr uint32_t kMagic = 0x43004300u;  // 128 in both halves: ulp 1

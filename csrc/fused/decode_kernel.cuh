@@ -13,9 +13,11 @@
 #include "common/decode.cuh"
 #include "common/layout.cuh"
 #include "common/epilogue.cuh"
+#include "common/launch.cuh"
 #include "common/mma.cuh"
 #include "dtype.cuh"
 #include "fused/launchers.h"
+#include "kernels.h"
 
 namespace ternary {
 inline namespace TERNARY_TU {
@@ -53,7 +55,7 @@ __global__ void __launch_bounds__(512, MINB)
 fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restrict__ w,
                     const float* __restrict__ scale, const T* __restrict__ bias,
                     T* __restrict__ y, int m, int n, int kt_count, int nt_count,
-                    bool per_tensor, const float* __restrict__ srow) {
+                    bool per_tensor, const float* __restrict__ srow, bool early) {
   constexpr int kAcc = NT * 2 * NB * 4;  // a lane's accumulators (the tree sum's floats)
   if (ABL & 16) kt_count = 0;
   // [nwarps / 2][kAcc][32 lanes] floats for the tree sum, then the weight rings
@@ -82,7 +84,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
   // own 32 bytes of each of its warp's steps: rows 8 nb + g, k 16 t .. 16 t + 15.
   const int spw = (kt_count + nwarps - 1) / nwarps;
   uint4* const xs = ring - lane + (nwarps - warp) * S * NT * 32 + warp * spw * m * 8 + 2 * t;
-  if (XS) {
+  auto stage_x = [&] {
     for (int i = 0, kt = warp; kt < kt_count; ++i, kt += nwarps)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
@@ -92,7 +94,15 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
           cp_async16(d, src);
           cp_async16(d + 1, src + 1);
         }
-  }
+  };
+  // early (a programmatic launch behind linear_a8's quantize, which triggers at its start):
+  // the ring's first tiles are issued while the quantize runs, and x (with s, and every
+  // write of y) waits for it in pdl_wait; x then follows tiles already in flight, in a cp.async
+  // group of its own that is waited for at once (the first step's wait counts on x riding in
+  // the ring's first group, as it does when x goes first). Launched plainly, x goes first and
+  // pdl_wait returns at once. SR instances read x from global and s with coherent loads,
+  // which stay below the wait (common/launch.cuh, ld_coherent).
+  if (XS && !early) stage_x();
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) ring_issue(ring, s, wt, warp + s * nwarps, kt_count);
   // SE: warp 0's store loop reads a scale a channel; loaded only there, each is a DRAM round
@@ -108,6 +118,12 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
           const int col = (nt0 + j) * kTileN + 16 * hb + g + 8 * eh;
           se[j][hb][eh] = col < n ? __ldg(per_tensor ? scale : scale + col) : 0.f;
         }
+  }
+  pdl_wait();
+  if (XS && early) {
+    stage_x();
+    cp_async_commit();
+    cp_async_wait<0>();  // (a lane reads back only the x it copied)
   }
   uint32_t sink = 0;
   float acc[NT][2][NB][4], corr[NB][4];
@@ -125,7 +141,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
     xp[nb] = xrow[nb] + warp * (kTileK / 8) + 2 * t;  // (unused where xrow is null)
-    if (!XS) load_x16p(xv[0][nb], xp[nb], xrow[nb] && warp < kt_count);
+    if (!XS) load_x16p<!SR>(xv[0][nb], xp[nb], xrow[nb] && warp < kt_count);
   }
   const int xstep = nwarps * (kTileK / 8);
   const uint4* wn[NT];  // the next k tile to issue into the ring, S - 1 steps ahead
@@ -164,7 +180,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
           xp[nb] += xstep;
-          load_x16p(xv[(u + 1) & 1][nb], xp[nb], xrow[nb] && i + 1 < steps);
+          load_x16p<!SR>(xv[(u + 1) & 1][nb], xp[nb], xrow[nb] && i + 1 < steps);
         }
       }
 #pragma unroll
@@ -227,6 +243,7 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
     for (int e = 0; e < 4; ++e) {
       const int row = 8 * nb + 2 * t + (e & 1);
       if (row >= m) continue;
+      const float sr = SR ? ld_coherent(srow + row) : 1.f;  // (once a row, not a channel)
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -237,7 +254,8 @@ fused_decode_kernel(const T* __restrict__ x, int64_t ldx, const uint4* __restric
                           (SE ? se[j][hb][e >> 1] : per_tensor ? scale[0] : scale[col]);
           const float b = bias ? to_float(bias[col]) : 0.f;
           y[(int64_t)row * n + col] =
-              from_float<T>(epilogue(acc[j][hb][nb][e], s, b, bias, SR ? srow : nullptr, row));
+              from_float<T>(SR ? epilogue_a8(acc[j][hb][nb][e], s, b, bias, sr)
+                               : epilogue(acc[j][hb][nb][e], s, b, bias, nullptr, row));
         }
     }
 }
@@ -294,10 +312,14 @@ cudaError_t launch_decode(const void* x, int64_t ldx, const uint8_t* repacked, c
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
     if (e != cudaSuccess) return e;
   }
-  kernel<<<(unsigned)blocks, nwarps * 32, bytes, stream>>>(
-      (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale, (const T*)bias, (T*)y,
-      (int)m, (int)n, kt_count, (int)nt_count, per_tensor, srow);
-  return cudaGetLastError();
+  // With srow the kernel before is linear_a8's quantize, which triggers (act_quant.cu). Only
+  // where the sm_90a image runs: a kernel body built for an older arch (PTX JIT-compiled on
+  // Hopper) has no pdl_wait, and launched early would read x before the quantize wrote it.
+  const bool early = srow != nullptr && pdl_allowed() && sm90a_image_loaded();
+  return launch_k(kernel, dim3((unsigned)blocks), dim3(nwarps * 32), bytes, stream, early,
+                  (const T*)x, ldx, reinterpret_cast<const uint4*>(repacked), scale,
+                  (const T*)bias, (T*)y, (int)m, (int)n, kt_count, (int)nt_count, per_tensor,
+                  srow, early);
 }
 
 // The instances launch_fused_typed (route.cu) takes, for activations T: decode_bf16.cu and

@@ -311,11 +311,13 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   if (tiles > INT32_MAX / 2 || tail < 0 || tail > tiles) return cudaErrorInvalidConfiguration;
   CUtensorMap xmap{};
   if (!x_tensor_map<T>(&xmap, x, ldx, m, k, BNX)) return cudaErrorInvalidValue;
-  // The call's first launch is plain (the kernel before it, another op's, triggers nothing,
-  // so it gains nothing from early launch); the launches that follow it within this call (the
-  // split tail after the whole tiles, the finish kernel after its split parts) are
-  // programmatic dependents (pdl_wait): their prologues overlap the kernel before them, worth
-  // 7-12 % at M = 64 (docs/kernels.md).
+  // The call's first launch is plain for activation none (the kernel before it, another
+  // op's, triggers nothing, so it gains nothing from early launch) and programmatic with srow
+  // (linear_a8's quantize before it triggers at its start); the launches that follow it
+  // within this call (the split tail after the whole tiles, the finish kernel after its split
+  // parts) are programmatic dependents (pdl_wait): their prologues overlap the kernel before
+  // them, worth 7-12 % at M = 64 (docs/kernels.md).
+  const bool first = srow != nullptr;
   auto run = [&](int64_t tile0, int64_t count, int z, bool follows) {
     const bool p = wgmma_big_persistent(BNX, z, count, sms, k / kTileK);
     const dim3 grid((unsigned)(p ? sms : count), 1, (unsigned)z);
@@ -334,10 +336,10 @@ cudaError_t launch_wgmma_big(const void* x, int64_t ldx, const uint8_t* repacked
   };
   cudaError_t e = cudaSuccess;
   if (tail > 0 && splits > 1) {
-    if (tiles > tail) e = run(0, tiles - tail, 1, false);
-    if (e == cudaSuccess) e = run(tiles - tail, tail, splits, tiles > tail);
+    if (tiles > tail) e = run(0, tiles - tail, 1, first);
+    if (e == cudaSuccess) e = run(tiles - tail, tail, splits, first || tiles > tail);
   } else {
-    e = run(0, tiles, splits, false);
+    e = run(0, tiles, splits, first);
   }
   return e;
 }
