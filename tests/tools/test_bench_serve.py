@@ -349,6 +349,9 @@ def test_comparisons_table_and_summary():
     con.print(b.table(report))
     text = con.export_text()
     assert "3.00 (>=3)" in text and "1.79 (>=2)" in text
+    # both TTFTs: vLLM's per-request figure (10.0) and the 1-token request's wall time (11.0)
+    assert "1-token ms" in text and "1-token: the wall time" in text
+    assert any("10.0" in ln and "11.0" in ln for ln in text.splitlines() if "600" in ln)
     lines = b.summary_lines(report)
     assert any("weights per GPU: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln
                for ln in lines)
@@ -528,6 +531,9 @@ def test_h200_summary_reads_bench_json(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "bench  ok" in out and "smoke  skipped" in out
     assert "ternary / bf16: tok/s b1 3.00x; weights 0.159x" in out
+    # model, GiB, batch, tok/s, x bf16, TTFT (vLLM's 10.0), 1-token (11.0), ms/step, kernel
+    row = next(ln.split() for ln in out.splitlines() if ln.split()[:2] == ["ternary", "2"])
+    assert row[2:8] == ["1", "600", "3.00", "10.0", "11.0", "2.00"], row
     line = next(ln.split() for ln in out.splitlines() if ln.split()[:3] == ["ternary", "1", "9"])
     assert line[3:8] == ["1.930", "1.500", "0.430", "0.900", "0.100"]
     assert "ProfileError: no trace" in out
