@@ -14,11 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from ternary import settings
-from ternary._build import archs, checks, envs, matrix, reproducible, sass, staging
+from ternary._build import archs, checks, envs, matrix, reproducible, sass, sass_order, staging
 
 DIST = matrix.REPO / "dist"
 
@@ -148,6 +149,11 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         found = sass.check_wheel(tc.cuobjdump, wheel, (), ptx=(matrix.arch_to_sm(ptx),))
     else:
         found = sass.check_wheel(tc.cuobjdump, wheel, target.sm_list)
+    order = {"checked": False, "why": "a PTX build: the driver compiles it"}
+    if not ptx:
+        with tempfile.TemporaryDirectory() as tmp:
+            order = sass_order.check_library(
+                tc.cuobjdump, sass.extension_from_wheel(wheel, Path(tmp)), target.sm_list)
     timings["total_s"] = time.monotonic() - t0
     report = {
         "target": target.name,
@@ -163,6 +169,7 @@ def build(target: matrix.Target, opts: argparse.Namespace) -> dict:
         "sass_expected": [] if ptx else list(target.sm_list),
         "sass_found": found["sass"],
         "ptx_found": found["ptx"],
+        "pdl_load_order": order,
         "wheel": str(wheel.relative_to(matrix.REPO)),
         "wheel_sha256": reproducible.sha256(wheel),
         "source_date_epoch": epoch,
@@ -280,8 +287,6 @@ def test(target: matrix.Target, opts: argparse.Namespace) -> int:
 def reproduce(target: matrix.Target, opts: argparse.Namespace) -> int:
     """Build target twice in two fresh checkouts that differ in path, environment and time;
     0 when the wheels are byte-identical, 1 (with every differing member named) otherwise."""
-    import tempfile
-
     build_args = ["--toolchain", opts.toolchain]
     if opts.allow_cuda_minor_mismatch:
         build_args.append("--allow-cuda-minor-mismatch")
@@ -332,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         if action == "reproduce":
             return reproduce(target, opts)
         return (test if action == "test" else smoke)(target, opts)
-    except (checks.ToolchainError, envs.EnvError, sass.SassError, matrix.MatrixError,
-            reproducible.ReproError) as e:
+    except (checks.ToolchainError, envs.EnvError, sass.SassError, sass_order.OrderError,
+            matrix.MatrixError, reproducible.ReproError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
