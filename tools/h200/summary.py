@@ -96,7 +96,7 @@ def bench(r: dict) -> list[str]:
         if m.get("eager"):
             kern += " eager"
         if not m["ok"]:
-            data.append([label(m), gib, "-", "FAILED", "", "", "", "",
+            data.append([label(m), gib, "-", "FAILED", "", "", "", "", "",
                          m["error"].splitlines()[0][:60]])
             continue
         ref = base.get(twin.get(label(m), ""))
@@ -105,6 +105,7 @@ def bench(r: dict) -> list[str]:
             data.append([label(m), gib, p["batch"], f"{p['tok_s']:,.0f}",
                          f"{p['tok_s'] / q['tok_s']:.2f}" if q else "", f"{p['ttft_ms']:.1f}",
                          f"{p['ttft_wall_ms']:.1f}" if "ttft_wall_ms" in p else "-",
+                         "-" if p.get("ttft_engine_ms") is None else f"{p['ttft_engine_ms']:.1f}",
                          f"{p['step_ms']:.2f}", kern])
     nccl = ", NCCL all-reduce (custom off)" if r.get("disable_custom_all_reduce") else ""
     extra = f", engine {json.dumps(r['engine_args'])}" if r.get("engine_args") else ""
@@ -112,7 +113,7 @@ def bench(r: dict) -> list[str]:
     out = rows(f"bench-serve {r['shape']}{nccl}: {r['prompt_len']}-token prompts, {r['output_len']} "
                f"generated, {r.get('device')}, vLLM {r.get('vllm')}, torch {r.get('torch')}{extra}",
                ["model", "weights GiB/GPU", "batch", "tok/s", "x bf16", "TTFT ms", "1-token ms",
-                "ms/step", "kernel"],
+                "engine ms", "ms/step", "kernel"],
                data)
     for c in r.get("comparisons", []):
         w = c.get("weights_ratio")
