@@ -505,6 +505,38 @@ stage_kbench() {
   return $rc
 }
 
+# Nsight Compute on one layer a shape (bench/one_layer.py, MxKxN; its last call, checked
+# against the reference op): NCU_KERNEL's per-instruction source counters and warp stalls,
+# grouped into code regions by bench/ncu_source.py, then its speed-of-light, occupancy and
+# launch sections. The clocks are left alone (--clock-control none, device METHOD.md).
+NCU_SHAPES=${NCU_SHAPES:-2048x4096x22016 2048x2560x2560}
+NCU_KERNEL=${NCU_KERNEL:-a8_wgmma_kernel}
+NCU_ACTIVATION=${NCU_ACTIVATION:-int8_per_token}
+stage_ncu() {
+  need ternary || { record ncu 1 0 "prerequisite missing (see above)"; return 1; }
+  command -v ncu > /dev/null || { record ncu 1 0 "no ncu on PATH"; return 1; }
+  local shape m k n tag rc=0
+  for shape in $NCU_SHAPES; do
+    IFS=x read -r m k n <<< "$shape"
+    tag=ncu-$NCU_KERNEL-$shape
+    local layer=("$VPY" -P "$REPO/bench/one_layer.py" --m "$m" --k "$k" --n "$n"
+                 --activation "$NCU_ACTIVATION")
+    local ncu=(ncu --clock-control none -k "regex:$NCU_KERNEL" --launch-skip 2 --launch-count 1)
+    # the CSV on stdout (the layer's own line and ncu's ==PROF== lines are skipped when read)
+    run_step "$tag" 240 40 bash -c 'set -o pipefail; "$@" | gzip > "'"$W/results/$tag.csv.gz"'"' \
+      _ "${ncu[@]}" --section SourceCounters --section WarpStateStats --page source \
+      --print-source sass --csv "${layer[@]}" || { rc=1; continue; }
+    python3 "$REPO/bench/ncu_source.py" "$W/results/$tag.csv.gz" --top 15 \
+      > "$W/logs/$tag-regions.log" 2>&1 || rc=1
+    head -n 60 "$W/logs/$tag-regions.log"
+    run_step "$tag-sol" 120 30 "${ncu[@]}" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats "${layer[@]}" || rc=1
+    grep -E "one_layer|reference|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size" \
+      "$W/logs/$tag-sol.log" | head -n 30
+  done
+  return $rc
+}
+
 # ternary._C built as PTX of PTX_ARCH (8.0: the A100's code path, 8.9: the RTX 4090's),
 # JIT-compiled by the driver on this GPU, in its own venv, then PTX_STEPS of: test (every GPU
 # test of tests/), doctor (it times the JIT), sanitize (compute-sanitizer memcheck and

@@ -19,6 +19,8 @@
 #   models      write the bench models (Llama-2-7B shape ternary, 2 GB; one-layer) ahead
 #   bench       ternary bench-serve: ternary vs bf16 (dummy) vs one-layer, batch 1/16/64
 #   kbench      ternary bench: the kernels at KBENCH_SHAPES x KBENCH_M (int8 tensor cores too)
+#   ncu         Nsight Compute on one layer a shape (NCU_SHAPES MxKxN, NCU_KERNEL): warp stalls
+#               by code region (bench/ncu_source.py) and speed of light
 #   ptx         ternary._C as PTX of PTX_ARCH (8.0, 8.9) through the JIT: PTX_STEPS of test
 #               doctor sanitize bench smoke (docs/build.md, PTX builds)
 #   faults      ternary fault-matrix on this GPU's vLLM (engine, worker, server killed; SIGTERM)
@@ -51,9 +53,9 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(setup build smoke validate bench)
 for s in "${stages[@]}"; do
   case $s in
-    setup|build|wheel|doctor|gpu-tests|sanitize|vllm-tests|smoke|validate|models|bench|kbench|ptx|faults) ;;
+    setup|build|wheel|doctor|gpu-tests|sanitize|vllm-tests|smoke|validate|models|bench|kbench|ncu|ptx|faults) ;;
     tp-validate|tp-refusals|tp-smoke|tp-smoke-big|tp-bench|tp-hang|tp-kernels|soak) ;;
-    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests sanitize vllm-tests smoke validate models bench kbench ptx faults tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
+    *) echo "serve-and-bench.sh: unknown stage '$s'; stages: setup build wheel doctor gpu-tests sanitize vllm-tests smoke validate models bench kbench ncu ptx faults tp-validate tp-refusals tp-smoke tp-smoke-big tp-bench tp-hang tp-kernels soak" >&2
        exit 2 ;;
   esac
 done
