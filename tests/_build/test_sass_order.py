@@ -15,16 +15,21 @@ from ternary._build import matrix, sass_order
 SR = ("_ZN7ternary14decode_bf16_cu19fused_decode_kernelI13__nv_bfloat16Li4ELi2ELi1ELi0ELb0ELb1"
       "ELi1ELb1EEEvPKT_lPK5uint4PKfS5_PS3_iiiibSA_b")
 A16 = SR.replace("ELi1ELb1EEEv", "ELi1ELb0EEEv")
-FINISH = "_ZN7ternary12wgmma_big_cu23wgmma_big_finish_kernelI13__nv_bfloat16Li64EEEvPKfPKT_PS5_iiiiiiS4_bS4_"
+FINISH = ("_ZN7ternary12wgmma_big_cu23wgmma_big_finish_kernelI13__nv_bfloat16Li64EEEvPKfPKT_"
+          "PS5_iiiiiiS4_bS4_")
 
-WEIGHTS = """\
-        /*0500*/              @!P2 LDGSTS.E.BYPASS.128 [R3], desc[UR6][R16.64] ;  /* 0x000000001003afae */
-                                                                                  /* 0x000fe2000b921c46 */
-        /*07d0*/              @!P6 LDG.E.CONSTANT R4, desc[UR6][R24.64] ;         /* 0x000000061804e981 */
-"""
-X = "        /*05c0*/               @P3 LDG.E.128.CONSTANT R12, desc[UR6][R104.64] ;  /* 0x00000006680c3981 */\n"
-S = "        /*0990*/                   LDG.E R7, desc[UR6][R14.64] ;  /* 0x000000060e077981 */\n"
-WAIT = "        /*0a00*/                   ACQBULK ;  /* 0x000000000000782e */\n"
+
+def _ins(addr, text, enc):
+    """One instruction as cuobjdump -sass prints it: address, instruction, encoding."""
+    return f"        /*{addr}*/    {text} ;  /* {enc} */\n"
+
+
+WEIGHTS = (_ins("0500", "@!P2 LDGSTS.E.BYPASS.128 [R3], desc[UR6][R16.64]", "0x000000001003afae")
+           + " " * 50 + "/* 0x000fe2000b921c46 */\n"  # (the encoding's second word)
+           + _ins("07d0", "@!P6 LDG.E.CONSTANT R4, desc[UR6][R24.64]", "0x000000061804e981"))
+X = _ins("05c0", "@P3 LDG.E.128.CONSTANT R12, desc[UR6][R104.64]", "0x00000006680c3981")
+S = _ins("0990", "LDG.E R7, desc[UR6][R14.64]", "0x000000060e077981")
+WAIT = _ins("0a00", "ACQBULK", "0x000000000000782e")
 
 
 def _fn(name, body, arch="sm_90a"):

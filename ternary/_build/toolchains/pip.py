@@ -75,6 +75,7 @@ def assemble(cuda: matrix.CudaVersion, home: Path, downloads: Path, *, show: boo
     # torch looks for CUDA_HOME/lib64.
     (home / "lib64").symlink_to("lib")
     missing = [p for p in ("bin/nvcc", "bin/nvcc.profile", "bin/ptxas", "bin/cuobjdump",
+                           "bin/nvdisasm",
                            "nvvm/bin/cicc", "include/cuda_runtime.h", "include/cublas_v2.h",
                            "include/cusparse.h", "include/cusolverDn.h", "lib/libcudart.so")
                if not (home / p).exists()]
@@ -97,7 +98,8 @@ def provide(target: matrix.Target, *, show: bool) -> tuple[Path, list[str]]:
     pins = wheels.locked(cuda.version)
     inputs = {"lock_sha256": sha256(lock), "layout": LAYOUT}
     note = (f"CUDA toolchain: pip wheels of {lock.name} (cuda-toolkit "
-            f"{pins.get('cuda-toolkit', '?')}, cuobjdump {pins.get('nvidia-cuda-cuobjdump', '?')})")
+            f"{pins.get('cuda-toolkit', '?')}, cuobjdump {pins.get('nvidia-cuda-cuobjdump', '?')}, "
+            f"nvdisasm {pins.get('nvidia-cuda-nvdisasm', '?')})")
     with cache.locked(name(cuda)) as home:
         why = cache.check(home, inputs)
         if why is None:

@@ -25,8 +25,9 @@ LOCK_DIR = matrix.REPO / "envs" / "toolchains"
 TOOLKIT_EXTRAS = "nvcc,cudart,cccl,cublas,cusparse,cusolver"
 # Pulled in as dependencies but unused (no header or library of theirs is taken).
 NOT_EMITTED = {12: ["nvidia-nvjitlink-cu12"], 13: ["nvidia-nvjitlink", "nvidia-cuda-nvrtc"]}
-# CUDA 13.0 has no cuobjdump wheel; the 13.x ones read every older cubin.
-EXTRA_REQUIREMENTS = {13: ["nvidia-cuda-cuobjdump>=13,<14"]}
+# CUDA 13.0 has no cuobjdump or nvdisasm wheel; the 13.x ones read every older cubin.
+# nvdisasm: cuobjdump -sass needs it (the build's load-order check, ternary._build.sass_order).
+EXTRA_REQUIREMENTS = {13: ["nvidia-cuda-cuobjdump>=13,<14", "nvidia-cuda-nvdisasm>=13,<14"]}
 PLATFORM = "x86_64-manylinux_2_28"
 # The CUDA versions that have a toolchain lock: the deb toolchain's wheels and every CUDA
 # version of targets.toml that the pip provider serves.
