@@ -67,7 +67,7 @@ __device__ __forceinline__ void x_rows(const uint4* (&xrow)[MT][2], const T* x, 
 // each step.) NC: through the non-coherent path, for x no kernel writes while this one runs;
 // false for a kernel that may run ahead of x's writer (common/launch.cuh, ld_coherent).
 // (the one asm, at either load: string literals concatenate, a runtime choice cannot)
-#define TERNARY_LOAD_X16P(LD)                                                              \
+#define LOAD_X16P_ASM(LD)                                                              \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %8, 0;\n"                               \
                " @p " LD ".v4.u32 {%0, %1, %2, %3}, [%9];\n"                                \
                " @p " LD ".v4.u32 {%4, %5, %6, %7}, [%9 + 16];\n}"                          \
@@ -77,12 +77,12 @@ __device__ __forceinline__ void x_rows(const uint4* (&xrow)[MT][2], const T* x, 
 template <bool NC = true>
 __device__ __forceinline__ void load_x16p(uint32_t (&out)[8], const uint4* p, bool pred) {
   if constexpr (NC) {
-    TERNARY_LOAD_X16P("ld.global.nc");
+    LOAD_X16P_ASM("ld.global.nc");
   } else {
-    TERNARY_LOAD_X16P("ld.global");
+    LOAD_X16P_ASM("ld.global");
   }
 }
-#undef TERNARY_LOAD_X16P
+#undef LOAD_X16P_ASM
 
 // Sums N floats a lane over the block's warps (nwarps a power of two) through a shared-memory
 // tree of (nwarps / 2) x N x 32 floats at red; warp 0 ends with the total. Each kernel passes
