@@ -507,8 +507,9 @@ stage_kbench() {
 
 # Nsight Compute on one layer a shape (bench/one_layer.py, MxKxN; its last call, checked
 # against the reference op): NCU_KERNEL's per-instruction source counters and warp stalls,
-# grouped into code regions by bench/ncu_source.py, then its speed-of-light, occupancy and
-# launch sections. The clocks are left alone (--clock-control none, device METHOD.md).
+# grouped into code regions by bench/ncu_source.py, then its speed of light, occupancy,
+# launch, memory and compute workload and scheduler sections. The clocks are left alone
+# (--clock-control none, device METHOD.md).
 NCU_SHAPES=${NCU_SHAPES:-2048x4096x22016 2048x2560x2560}
 NCU_KERNEL=${NCU_KERNEL:-a8_wgmma_kernel}
 NCU_ACTIVATION=${NCU_ACTIVATION:-int8_per_token}
@@ -529,10 +530,12 @@ stage_ncu() {
     python3 "$REPO/bench/ncu_source.py" "$W/results/$tag.csv.gz" --top 15 \
       > "$W/logs/$tag-regions.log" 2>&1 || rc=1
     head -n 60 "$W/logs/$tag-regions.log"
-    run_step "$tag-sol" 120 30 "${ncu[@]}" --section SpeedOfLight --section Occupancy \
-      --section LaunchStats "${layer[@]}" || rc=1
-    grep -E "one_layer|reference|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size" \
-      "$W/logs/$tag-sol.log" | head -n 30
+    run_step "$tag-sol" 150 30 "${ncu[@]}" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      --section SchedulerStats "${layer[@]}" || rc=1
+    grep -E "one_layer|reference|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size|\
+L2 Hit|Bank|Issue|Eligible|Active Warps|Pipe|Executed Ipc|SM Busy|Mem Busy" \
+      "$W/logs/$tag-sol.log" | head -n 60
   done
   return $rc
 }
